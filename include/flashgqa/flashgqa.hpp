@@ -1,0 +1,119 @@
+// flashgqa: exact grouped-query attention on the CPU.
+//
+// Shapes use the seed's letters everywhere:
+//   B batch, T queries, S keys/values, K kv heads, G query heads per kv head, H head dim.
+//   q   [B, K, G, T, H]      k, v [B, K, S, H]
+//   out [B, K, G, T, H]      lse  [B, K, G, T]  (fp32, natural log, optional)
+//
+// Every tensor is a strided view: the innermost dimension (H) must be contiguous (stride 1), all other
+// strides are free, so PyTorch's SDPA layout [B, K*G, T, H] and FlashAttention's [B, T, K*G, H] are
+// viewed without copying (see sdpa_q_view / fa_q_view below). lse may have any strides.
+//
+// out[b,k,g,t,:] = sum_j softmax_j(scale * q[b,k,g,t,:] . k[b,k,j,:]) v[b,k,j,:]
+// over the keys j that query t may see: all of them, or with causal masking those with j <= t + offset.
+//
+// Precision::bf16 (the seed's rule, the default): q, k, v and the softmax weights enter the matmuls
+// rounded to bfloat16; every accumulation is fp32. Precision::f32: operands stay fp32.
+//
+// Edge cases: T = 0 writes nothing. S = 0, or a query row that may see no key (causal offset < -t),
+// gives output 0 and lse -inf. A NaN in a q, k or v element that takes part in a visible (query, key)
+// pair reaches that query's output (a NaN in the v of a masked key may or may not: blocked algorithms
+// multiply it by a zero weight).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace flashgqa {
+
+// Thrown for every bad argument. what() names the argument, the value found and what was expected.
+class Error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class DType : std::uint8_t { f32, bf16, f16 };
+// Size of one element in bytes.
+std::size_t dtype_size(DType dtype);
+// "float32", "bfloat16", "float16".
+const char* dtype_name(DType dtype);
+
+enum class Algorithm : std::uint8_t {
+  naive,             // logits materialised per (b, k, g); the seed's attn_naive
+  chunked_unstable,  // chunked over S, exp without a max: overflows (the seed's attn_scan_s)
+  chunked,           // chunked over S with a running max (attn_scan_s_stable)
+  kernel1,           // the seed's first kernel: carries go through memory every KV step
+  flash,             // KV loop inside, accumulators stay in cache/registers (flash_attention)
+};
+// "naive", "chunked-unstable", "chunked", "kernel1", "flash".
+const char* algorithm_name(Algorithm algorithm);
+// Parses a name as printed by algorithm_name; throws Error for anything else.
+Algorithm parse_algorithm(const std::string& name);
+
+enum class Precision : std::uint8_t { bf16, f32 };
+const char* precision_name(Precision precision);  // "bf16", "f32"
+Precision parse_precision(const std::string& name);
+
+// A strided view of at most 5 dimensions. Strides are in elements, not bytes.
+struct TensorView {
+  static constexpr int kMaxRank = 5;
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<std::int64_t, kMaxRank> shape{};
+  std::array<std::int64_t, kMaxRank> stride{};
+
+  std::int64_t numel() const;
+};
+
+// A C-order (row-major, contiguous) view.
+TensorView contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape);
+TensorView contiguous_view(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
+
+// Views of PyTorch SDPA's q layout [B, K*G, T, H] (contiguous) as [B, K, G, T, H].
+TensorView sdpa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
+                       std::int64_t T, std::int64_t H);
+// Views of FlashAttention's q layout [B, T, K*G, H] (contiguous) as [B, K, G, T, H].
+TensorView fa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
+                     std::int64_t T, std::int64_t H);
+// Views of FlashAttention's k/v layout [B, S, K, H] (contiguous) as [B, K, S, H].
+TensorView fa_kv_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t S,
+                      std::int64_t H);
+
+struct Options {
+  Algorithm algorithm = Algorithm::flash;
+  // Multiplies the logits q.k (in fp32, after the matmul). Default 1/sqrt(H); the seed pre-scales q and
+  // so uses scale 1.
+  std::optional<double> scale;
+  bool causal = false;
+  // Query t may see key j when j <= t + causal_offset. Default S - T (bottom-right aligned, as
+  // FlashAttention); 0 is top-left (as PyTorch SDPA's is_causal).
+  std::optional<std::int64_t> causal_offset;
+  Precision precision = Precision::bf16;
+  // Rows of q per block and keys per KV block; 0 = chosen automatically.
+  std::int64_t block_q = 0;
+  std::int64_t block_kv = 0;
+  // Worker threads; 0 = all cores.
+  int threads = 0;
+};
+
+// out <- attention(q, k, v). out must not overlap q, k or v.
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               const Options& options = {});
+// The same, also writing lse[b,k,g,t] = log(sum_j exp(scale * q.k_j)) over the visible keys (fp32).
+void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+               const TensorView& v, const Options& options = {});
+
+// The seed's linear_attn_scan_s, another operator (no softmax):
+//   out[b,k,g,t,:] = sum_j (scale * q.k_j) v_j      over the visible keys j,
+// with the same precision rule (logits rounded to bf16 before the second matmul under Precision::bf16),
+// chunked over S with Options::block_kv. Options::algorithm is ignored.
+void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const Options& options = {});
+
+}  // namespace flashgqa

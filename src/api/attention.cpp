@@ -1,0 +1,39 @@
+// The public entry points: validate once into a Problem, then hand it to the chosen rung.
+#include "flashgqa/flashgqa.hpp"
+#include "ladder/ladder.hpp"
+
+namespace flashgqa {
+namespace {
+
+void run(const Problem& p, Algorithm algorithm) {
+  if (p.B * p.K * p.G * p.T == 0) return;  // nothing to write
+  switch (algorithm) {
+    case Algorithm::naive: return naive_attention(p);
+    case Algorithm::chunked_unstable: return chunked_unstable_attention(p);
+    case Algorithm::chunked: return chunked_attention(p);
+    case Algorithm::kernel1: return kernel1_attention(p);
+    case Algorithm::flash: return flash_attention(p);
+  }
+}
+
+}  // namespace
+
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               const Options& options) {
+  run(make_problem(out, nullptr, q, k, v, options), options.algorithm);
+}
+
+void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+               const TensorView& v, const Options& options) {
+  run(make_problem(out, &lse, q, k, v, options), options.algorithm);
+}
+
+void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,
+                      const TensorView& v, const Options& options) {
+  Options o = options;
+  o.algorithm = Algorithm::chunked;  // validate blocks as the chunked rung takes them
+  const Problem p = make_problem(out, nullptr, q, k, v, o);
+  if (p.B * p.K * p.G * p.T > 0) linear_attention_chunked(p);
+}
+
+}  // namespace flashgqa

@@ -1,0 +1,306 @@
+// Validation of the public views and options into a Problem, plus the small public helpers
+// (dtype and algorithm names, layout views).
+#include "core/problem.hpp"
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace flashgqa {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw Error(message); }
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < t.rank; ++d) os << (d ? "," : "") << t.shape[static_cast<std::size_t>(d)];
+  os << ']';
+  return os.str();
+}
+
+bool valid_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+// Byte range [lo, hi) that a view touches; checks that every offset fits in 64 bits.
+struct Extent {
+  std::int64_t lo = 0, hi = 0;
+};
+
+Extent checked_extent(const TensorView& t, const char* name) {
+  std::int64_t lo = 0, hi = 0;  // element offsets of the first and last element
+  for (int d = 0; d < t.rank; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (t.shape[i] == 0) return {};
+    std::int64_t span = 0;
+    if (__builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &span) ||
+        __builtin_add_overflow(t.stride[i] < 0 ? lo : hi, span, t.stride[i] < 0 ? &lo : &hi))
+      fail(std::string(name) + ": shape " + shape_string(t) +
+           " with its strides overflows 64-bit element indexing; expected smaller dimensions");
+  }
+  const auto esize = static_cast<std::int64_t>(dtype_size(t.dtype));
+  std::int64_t lo_b = 0, hi_b = 0;
+  if (__builtin_mul_overflow(lo, esize, &lo_b) || __builtin_mul_overflow(hi + 1, esize, &hi_b))
+    fail(std::string(name) + ": shape " + shape_string(t) +
+         " overflows 64-bit byte offsets; expected smaller dimensions");
+  const auto base = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(t.data));
+  return {base + lo_b, base + hi_b};
+}
+
+void check_view(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank)
+    fail(std::string(name) + ": rank " + std::to_string(t.rank) + ", expected " +
+         std::to_string(rank) + " " + layout);
+  if (!valid_dtype(t.dtype))
+    fail(std::string(name) + ": unknown dtype code " + std::to_string(static_cast<int>(t.dtype)) +
+         ", expected float32, bfloat16 or float16");
+  for (int d = 0; d < rank; ++d)
+    if (t.shape[static_cast<std::size_t>(d)] < 0)
+      fail(std::string(name) + ": negative dimension in shape " + shape_string(t));
+  const auto last = static_cast<std::size_t>(rank - 1);
+  if (t.shape[last] > 1 && t.stride[last] != 1)
+    fail(std::string(name) + ": innermost stride " + std::to_string(t.stride[last]) +
+         ", expected 1 (the last dimension must be contiguous)");
+  if (t.data == nullptr && t.numel() > 0)
+    fail(std::string(name) + ": null data pointer for shape " + shape_string(t));
+}
+
+void check_dim(const TensorView& t, const char* name, int d, std::int64_t expected,
+               const char* what) {
+  const std::int64_t found = t.shape[static_cast<std::size_t>(d)];
+  if (found != expected)
+    fail(std::string(name) + ": shape " + shape_string(t) + " has " + what + " = " +
+         std::to_string(found) + ", expected " + std::to_string(expected) + " (from q)");
+}
+
+bool overlaps(const Extent& a, const Extent& b) {
+  return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+void check_blocks(Algorithm algorithm, std::int64_t block_q, std::int64_t block_kv) {
+  if (block_q < 0) fail("block_q: " + std::to_string(block_q) + ", expected >= 0 (0 = automatic)");
+  if (block_kv < 0)
+    fail("block_kv: " + std::to_string(block_kv) + ", expected >= 0 (0 = automatic)");
+  constexpr std::int64_t kMaxBlock = std::int64_t{1} << 24;
+  if (block_q > kMaxBlock || block_kv > kMaxBlock)
+    fail("block_q/block_kv: " + std::to_string(std::max(block_q, block_kv)) + ", expected <= " +
+         std::to_string(kMaxBlock));
+  switch (algorithm) {
+    case Algorithm::naive:
+      if (block_q != 0 || block_kv != 0)
+        fail("block_q/block_kv: naive takes no blocks (got " + std::to_string(block_q) + "/" +
+             std::to_string(block_kv) + "), expected 0");
+      return;
+    case Algorithm::chunked_unstable:
+    case Algorithm::chunked:
+      if (block_q != 0)
+        fail(std::string("block_q: ") + algorithm_name(algorithm) +
+             " chunks only over S (got block_q " + std::to_string(block_q) + "), expected 0");
+      return;
+    case Algorithm::kernel1:
+    case Algorithm::flash:
+      return;
+  }
+  fail("algorithm: unknown algorithm code " + std::to_string(static_cast<int>(algorithm)) +
+       ", expected naive, chunked-unstable, chunked, kernel1 or flash");
+}
+
+}  // namespace
+
+std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::f16: return "float16";
+  }
+  return "unknown";
+}
+
+const char* algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::naive: return "naive";
+    case Algorithm::chunked_unstable: return "chunked-unstable";
+    case Algorithm::chunked: return "chunked";
+    case Algorithm::kernel1: return "kernel1";
+    case Algorithm::flash: return "flash";
+  }
+  return "unknown";
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  for (Algorithm a : {Algorithm::naive, Algorithm::chunked_unstable, Algorithm::chunked,
+                      Algorithm::kernel1, Algorithm::flash})
+    if (name == algorithm_name(a)) return a;
+  fail("algorithm: '" + name + "', expected naive, chunked-unstable, chunked, kernel1 or flash");
+}
+
+const char* precision_name(Precision precision) {
+  return precision == Precision::bf16 ? "bf16" : "f32";
+}
+
+Precision parse_precision(const std::string& name) {
+  if (name == "bf16") return Precision::bf16;
+  if (name == "f32") return Precision::f32;
+  fail("precision: '" + name + "', expected bf16 or f32");
+}
+
+std::int64_t TensorView::numel() const {
+  std::int64_t n = 1;  // saturates at INT64_MAX instead of overflowing
+  for (int d = 0; d < rank; ++d)
+    if (__builtin_mul_overflow(n, shape[static_cast<std::size_t>(d)], &n)) return INT64_MAX;
+  return n;
+}
+
+TensorView contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  if (shape.size() > static_cast<std::size_t>(TensorView::kMaxRank))
+    fail("shape: rank " + std::to_string(shape.size()) + ", expected at most 5");
+  t.rank = static_cast<int>(shape.size());
+  std::int64_t stride = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    t.shape[i] = shape.begin()[i];
+    t.stride[i] = stride;
+    stride *= t.shape[i];
+  }
+  return t;
+}
+
+TensorView contiguous_view(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+  return contiguous_view(const_cast<void*>(data), dtype, shape);
+}
+
+TensorView sdpa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
+                       std::int64_t T, std::int64_t H) {
+  // [B, K*G, T, H] contiguous: head index K*G splits into (k, g) with g fastest.
+  return contiguous_view(data, dtype, {B, K, G, T, H});
+}
+
+TensorView fa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
+                     std::int64_t T, std::int64_t H) {
+  // [B, T, K*G, H] contiguous viewed as [B, K, G, T, H].
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = 5;
+  t.shape = {B, K, G, T, H};
+  t.stride = {T * K * G * H, G * H, H, K * G * H, 1};
+  return t;
+}
+
+TensorView fa_kv_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t S,
+                      std::int64_t H) {
+  // [B, S, K, H] contiguous viewed as [B, K, S, H].
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = 4;
+  t.shape = {B, K, S, H};
+  t.stride = {S * K * H, H, K * H, 1};
+  return t;
+}
+
+int resolve_threads(int requested) {
+  if (requested < 0)
+    fail("threads: " + std::to_string(requested) + ", expected >= 0 (0 = all cores)");
+#ifdef _OPENMP
+  return requested == 0 ? omp_get_max_threads() : requested;
+#else
+  return 1;
+#endif
+}
+
+Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const Options& options) {
+  check_view(q, "q", 5, "[B,K,G,T,H]");
+  check_view(k, "k", 4, "[B,K,S,H]");
+  check_view(v, "v", 4, "[B,K,S,H]");
+  check_view(out, "out", 5, "[B,K,G,T,H]");
+  Problem p;
+  p.B = q.shape[0];
+  p.K = q.shape[1];
+  p.G = q.shape[2];
+  p.T = q.shape[3];
+  p.H = q.shape[4];
+  p.S = k.shape[2];
+  if (p.G < 1) fail("q: G = " + std::to_string(p.G) + " in shape " + shape_string(q) + ", expected G >= 1");
+  if (p.K < 1) fail("q: K = " + std::to_string(p.K) + " in shape " + shape_string(q) + ", expected K >= 1");
+  if (p.H < 1) fail("q: H = " + std::to_string(p.H) + " in shape " + shape_string(q) + ", expected H >= 1");
+  check_dim(k, "k", 0, p.B, "B");
+  check_dim(k, "k", 1, p.K, "K");
+  check_dim(k, "k", 3, p.H, "H");
+  for (int d = 0; d < 4; ++d)
+    if (v.shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
+      fail("v: shape " + shape_string(v) + ", expected the shape of k " + shape_string(k));
+  for (int d = 0; d < 5; ++d)
+    if (out.shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
+      fail("out: shape " + shape_string(out) + ", expected the shape of q " + shape_string(q));
+
+  const Extent eq = checked_extent(q, "q"), ek = checked_extent(k, "k"),
+               ev = checked_extent(v, "v"), eo = checked_extent(out, "out");
+  if (overlaps(eo, eq) || overlaps(eo, ek) || overlaps(eo, ev))
+    fail(std::string("out: memory overlaps ") + (overlaps(eo, eq) ? "q" : overlaps(eo, ek) ? "k" : "v") +
+         ", expected a separate buffer");
+  if (lse != nullptr) {
+    if (lse->rank != 4)
+      fail("lse: rank " + std::to_string(lse->rank) + ", expected 4 [B,K,G,T]");
+    if (lse->dtype != DType::f32)
+      fail(std::string("lse: dtype ") + dtype_name(lse->dtype) + ", expected float32");
+    for (int d = 0; d < 4; ++d)
+      if (lse->shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
+        fail("lse: shape " + shape_string(*lse) + ", expected [B,K,G,T] = [" +
+             std::to_string(p.B) + "," + std::to_string(p.K) + "," + std::to_string(p.G) + "," +
+             std::to_string(p.T) + "]");
+    if (lse->data == nullptr && lse->numel() > 0) fail("lse: null data pointer");
+    const Extent el = checked_extent(*lse, "lse");
+    if (overlaps(el, eq) || overlaps(el, ek) || overlaps(el, ev) || overlaps(el, eo))
+      fail("lse: memory overlaps q, k, v or out, expected a separate buffer");
+    p.lse = static_cast<float*>(lse->data);
+    for (int d = 0; d < 4; ++d) p.lse_stride[d] = lse->stride[static_cast<std::size_t>(d)];
+  }
+
+  p.q = q.data;
+  p.q_dtype = q.dtype;
+  p.out = out.data;
+  p.out_dtype = out.dtype;
+  for (int d = 0; d < 4; ++d) {
+    p.q_stride[d] = q.stride[static_cast<std::size_t>(d)];
+    p.out_stride[d] = out.stride[static_cast<std::size_t>(d)];
+  }
+  p.k = k.data;
+  p.k_dtype = k.dtype;
+  p.v = v.data;
+  p.v_dtype = v.dtype;
+  for (int d = 0; d < 3; ++d) {
+    p.k_stride[d] = k.stride[static_cast<std::size_t>(d)];
+    p.v_stride[d] = v.stride[static_cast<std::size_t>(d)];
+  }
+
+  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.H)));
+  if (!std::isfinite(scale) || !std::isfinite(static_cast<float>(scale)))
+    fail("scale: " + std::to_string(scale) + ", expected a finite number");
+  p.scale = static_cast<float>(scale);
+  p.causal = options.causal;
+  // Query t sees keys j <= t + offset; clamping to [-(T+1), S] changes no mask and keeps t + offset + 1
+  // from overflowing.
+  const std::int64_t offset = options.causal_offset.value_or(p.S - p.T);
+  p.causal_offset = std::clamp<std::int64_t>(offset, -(p.T + 1), p.S);
+  if (options.precision != Precision::bf16 && options.precision != Precision::f32)
+    fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
+         ", expected bf16 or f32");
+  p.precision = options.precision;
+  check_blocks(options.algorithm, options.block_q, options.block_kv);
+  p.block_q = options.block_q;
+  p.block_kv = options.block_kv;
+  p.threads = resolve_threads(options.threads);
+  return p;
+}
+
+}  // namespace flashgqa

@@ -1,0 +1,153 @@
+// Validation: every bad argument gives an Error naming it, the value found and what was expected;
+// defaults resolve as documented.
+#include "core/problem.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+namespace flashgqa {
+namespace {
+
+// Contiguous q/out [B,K,G,T,H] and k/v [B,K,S,H] buffers.
+struct Views {
+  std::vector<float> q, k, v, out, lse;
+  TensorView qv, kv, vv, ov, lv;
+  Views(std::int64_t B, std::int64_t K, std::int64_t G, std::int64_t T, std::int64_t S, std::int64_t H)
+      : q(static_cast<std::size_t>(B * K * G * T * H) + 1), k(static_cast<std::size_t>(B * K * S * H) + 1),
+        v(k.size()), out(q.size()), lse(static_cast<std::size_t>(B * K * G * T) + 1) {
+    qv = contiguous_view(q.data(), DType::f32, {B, K, G, T, H});
+    kv = contiguous_view(k.data(), DType::f32, {B, K, S, H});
+    vv = contiguous_view(v.data(), DType::f32, {B, K, S, H});
+    ov = contiguous_view(out.data(), DType::f32, {B, K, G, T, H});
+    lv = contiguous_view(lse.data(), DType::f32, {B, K, G, T});
+  }
+};
+
+// Expects make_problem to throw an Error whose message contains every fragment.
+void expect_error(const Views& w, const TensorView& out, const TensorView& q, const TensorView& k,
+                  const TensorView& v, const Options& o, std::initializer_list<const char*> fragments,
+                  const TensorView* lse = nullptr) {
+  (void)w;
+  try {
+    make_problem(out, lse, q, k, v, o);
+    ADD_FAILURE() << "no error; expected one mentioning " << *fragments.begin();
+  } catch (const Error& e) {
+    for (const char* f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
+TEST(Problem, DefaultsResolve) {
+  Views w(2, 3, 4, 5, 7, 64);
+  Options o;
+  o.causal = true;
+  const Problem p = make_problem(w.ov, nullptr, w.qv, w.kv, w.vv, o);
+  EXPECT_EQ(p.B, 2);
+  EXPECT_EQ(p.K, 3);
+  EXPECT_EQ(p.G, 4);
+  EXPECT_EQ(p.T, 5);
+  EXPECT_EQ(p.S, 7);
+  EXPECT_EQ(p.H, 64);
+  EXPECT_FLOAT_EQ(p.scale, 0.125f);
+  EXPECT_EQ(p.causal_offset, 2);  // S - T: bottom-right
+  EXPECT_EQ(p.visible_keys(0), 3);
+  EXPECT_EQ(p.visible_keys(4), 7);
+  EXPECT_GE(p.threads, 1);
+  EXPECT_EQ(p.precision, Precision::bf16);
+}
+
+TEST(Problem, ShapeDisagreements) {
+  Views w(1, 2, 3, 4, 5, 8), other(1, 2, 3, 4, 6, 16);
+  Options o;
+  expect_error(w, w.ov, w.qv, other.kv, w.vv, o, {"k", "H", "16", "expected 8"});
+  expect_error(w, w.ov, w.qv, w.kv, other.vv, o, {"v", "shape"});
+  expect_error(w, other.ov, w.qv, w.kv, w.vv, o, {"out", "shape"});
+  TensorView k3 = w.kv;
+  k3.rank = 3;
+  expect_error(w, w.ov, w.qv, k3, w.vv, o, {"k", "rank 3", "expected 4"});
+  Views longer(1, 2, 3, 5, 5, 8);
+  TensorView bad_lse = longer.lv;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"lse", "shape"}, &bad_lse);
+  TensorView lse16 = w.lv;
+  lse16.dtype = DType::bf16;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"lse", "bfloat16", "float32"}, &lse16);
+}
+
+TEST(Problem, BadDimensionsStridesAndPointers) {
+  Views w(1, 2, 3, 4, 5, 8), g0(1, 2, 0, 4, 5, 8);
+  Options o;
+  expect_error(g0, g0.ov, g0.qv, g0.kv, g0.vv, o, {"G = 0", "G >= 1"});
+  TensorView q = w.qv;
+  q.stride[4] = 2;
+  expect_error(w, w.ov, q, w.kv, w.vv, o, {"q", "innermost stride 2", "expected 1"});
+  TensorView k = w.kv;
+  k.data = nullptr;
+  expect_error(w, w.ov, w.qv, k, w.vv, o, {"k", "null"});
+  TensorView big = w.qv;
+  big.shape = {1, 2, 3, std::int64_t{1} << 62, 8};  // (2^62 - 1) · 8 overflows int64
+  big.stride = {0, 0, 0, 8, 1};
+  TensorView big_out = big;
+  big_out.data = w.out.data();
+  expect_error(w, big_out, big, w.kv, w.vv, o, {"overflows"});
+  TensorView bad_dtype = w.qv;
+  bad_dtype.dtype = static_cast<DType>(9);
+  expect_error(w, w.ov, bad_dtype, w.kv, w.vv, o, {"q", "dtype", "9"});
+}
+
+TEST(Problem, OutMustNotOverlapInputs) {
+  Views w(1, 2, 3, 4, 4, 8);
+  Options o;
+  TensorView out = w.ov;
+  out.data = w.q.data();
+  expect_error(w, out, w.qv, w.kv, w.vv, o, {"out", "overlaps q"});
+  TensorView lse = w.lv;
+  lse.data = w.out.data() + 3;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"lse", "overlaps"}, &lse);
+}
+
+TEST(Problem, OptionsOutOfRange) {
+  Views w(1, 1, 1, 4, 4, 8);
+  Options o;
+  o.scale = std::nan("");
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"scale", "finite"});
+  o = {};
+  o.threads = -1;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"threads", "-1"});
+  o = {};
+  o.block_kv = -8;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"block_kv", "-8"});
+  o = {};
+  o.algorithm = Algorithm::naive;
+  o.block_kv = 64;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"naive", "64", "expected 0"});
+  o = {};
+  o.algorithm = Algorithm::chunked;
+  o.block_q = 16;
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"block_q", "chunked"});
+  o = {};
+  o.algorithm = static_cast<Algorithm>(42);
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"algorithm", "42"});
+}
+
+TEST(Problem, NamesParse) {
+  for (Algorithm a : {Algorithm::naive, Algorithm::chunked_unstable, Algorithm::chunked, Algorithm::kernel1,
+                      Algorithm::flash})
+    EXPECT_EQ(parse_algorithm(algorithm_name(a)), a);
+  EXPECT_THROW(parse_algorithm("fast"), Error);
+  EXPECT_EQ(parse_precision("f32"), Precision::f32);
+  EXPECT_THROW(parse_precision("fp8"), Error);
+}
+
+TEST(Problem, LayoutViewsDescribeTheSameElements) {
+  // FlashAttention's q [B, T, K*G, H]: element (b, k, g, t, h) at ((b*T + t)*K*G + k*G + g)*H + h.
+  const TensorView q = fa_q_view(nullptr, DType::f32, 2, 3, 4, 5, 8);
+  const std::int64_t b = 1, kh = 2, g = 3, t = 4, h = 7;
+  EXPECT_EQ(b * q.stride[0] + kh * q.stride[1] + g * q.stride[2] + t * q.stride[3] + h,
+            ((b * 5 + t) * 12 + kh * 4 + g) * 8 + h);
+  const TensorView k = fa_kv_view(nullptr, DType::f32, 2, 3, 6, 8);
+  EXPECT_EQ(b * k.stride[0] + kh * k.stride[1] + 5 * k.stride[2] + h, ((b * 6 + 5) * 3 + kh) * 8 + h);
+}
+
+}  // namespace
+}  // namespace flashgqa

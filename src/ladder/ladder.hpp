@@ -1,0 +1,19 @@
+// The seed's ladder, one named algorithm per file. Each takes a validated Problem (see
+// core/problem.hpp) and writes p.out (and p.lse when set).
+#pragma once
+
+#include "core/problem.hpp"
+
+namespace flashgqa {
+
+void naive_attention(const Problem& p);             // naive.cpp
+void chunked_unstable_attention(const Problem& p);  // chunked_unstable.cpp
+void chunked_attention(const Problem& p);           // chunked.cpp
+void kernel1_attention(const Problem& p);           // kernel1.cpp
+void flash_attention(const Problem& p);             // flash.cpp
+void linear_attention_chunked(const Problem& p);    // linear_attention.cpp
+
+// Default KV chunk of the chunked rungs and kernel1: the seed's bkv.
+inline constexpr std::int64_t kSeedBlockKV = 1024;
+
+}  // namespace flashgqa

@@ -1,0 +1,233 @@
+// Every rung of the ladder against the float64 reference (tolerances from reference/tolerance.hpp,
+// derived from the dtypes' roundoff and the reduction depths), on awkward shapes, both precisions,
+// causal offsets, strided layouts; plus the edge cases the API defines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/problem.hpp"
+#include "reference/reference.hpp"
+#include "reference/tolerance.hpp"
+#include "testing/attention_case.hpp"
+
+namespace flashgqa {
+namespace {
+
+using testing::AttentionCase;
+using testing::Layout;
+using testing::make_case;
+using testing::Shape;
+
+// Runs `o` on the case and compares out and lse with the reference.
+ErrorReport run_and_check(AttentionCase& c, const Options& o) {
+  attention(c.out, c.lse, c.q, c.k, c.v, o);
+  const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
+  return check_against_reference(p, reference_attention(p));
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class Ladder : public ::testing::TestWithParam<Algorithm> {
+ protected:
+  Options options() const {
+    Options o;
+    o.algorithm = GetParam();
+    return o;
+  }
+  bool takes_block_q() const { return GetParam() == Algorithm::kernel1 || GetParam() == Algorithm::flash; }
+  bool takes_block_kv() const { return GetParam() != Algorithm::naive; }
+};
+
+// Shapes: T, S not multiples of any block; T != S both ways; T = 1; G = 1 and 8; H 64/80/128/256;
+// B·K from 1 to 6 (the machine has 2 threads).
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 1, 64},   {1, 2, 4, 37, 53, 64},  {2, 3, 1, 19, 70, 80}, {1, 1, 8, 5, 129, 128},
+    {1, 1, 2, 33, 17, 256}, {1, 2, 3, 1, 41, 128}, {3, 1, 2, 23, 23, 64},
+};
+
+TEST_P(Ladder, MatchesReferenceOnAwkwardShapes) {
+  int seed = 0;
+  for (const Shape& shape : kShapes)
+    for (Precision precision : {Precision::bf16, Precision::f32})
+      for (DType dtype : {DType::bf16, DType::f32, DType::f16}) {
+        AttentionCase c = make_case(shape, dtype, dtype, Layout::contiguous, ++seed);
+        Options o = options();
+        o.precision = precision;
+        const ErrorReport r = run_and_check(c, o);
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
+                          << dtype_name(dtype) << ": " << r.describe();
+      }
+}
+
+TEST_P(Ladder, MatchesReferenceWithSmallBlocksAndRemainders) {
+  const Shape shape{1, 2, 3, 29, 45, 64};
+  int seed = 100;
+  for (std::int64_t bq : {1, 7, 16})
+    for (std::int64_t bkv : {1, 8, 13, 64}) {
+      Options o = options();
+      o.block_q = takes_block_q() ? bq : 0;
+      o.block_kv = takes_block_kv() ? bkv : 0;
+      AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+      const ErrorReport r = run_and_check(c, o);
+      EXPECT_TRUE(r.ok) << "block_q " << o.block_q << " block_kv " << o.block_kv << ": " << r.describe();
+    }
+}
+
+TEST_P(Ladder, CausalAtSeveralOffsets) {
+  int seed = 200;
+  for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 40, 24, 80}, Shape{1, 1, 2, 1, 33, 128}})
+    for (std::optional<std::int64_t> offset :
+         {std::optional<std::int64_t>{}, std::optional<std::int64_t>{0}, std::optional<std::int64_t>{-3},
+          std::optional<std::int64_t>{7}, std::optional<std::int64_t>{-1000}, std::optional<std::int64_t>{1000}})
+      for (Precision precision : {Precision::bf16, Precision::f32}) {
+        Options o = options();
+        o.causal = true;
+        o.causal_offset = offset;
+        o.precision = precision;
+        o.block_q = takes_block_q() ? 8 : 0;
+        o.block_kv = takes_block_kv() ? 16 : 0;
+        AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
+        const ErrorReport r = run_and_check(c, o);
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset "
+                          << (offset ? std::to_string(*offset) : "default") << ": " << r.describe();
+      }
+}
+
+TEST_P(Ladder, StridedLayoutsGiveTheContiguousResult) {
+  const Shape shape{2, 2, 3, 21, 34, 64};
+  Options o = options();
+  o.causal = true;
+  AttentionCase base = make_case(shape, DType::bf16, DType::f32, Layout::contiguous, 7);
+  attention(base.out, base.q, base.k, base.v, o);
+  for (Layout layout : {Layout::fa, Layout::padded}) {
+    AttentionCase c = make_case(shape, DType::bf16, DType::f32, layout, 7);
+    attention(c.out, c.q, c.k, c.v, o);
+    EXPECT_TRUE(bitwise_equal(base.out_values(), c.out_values())) << "layout " << static_cast<int>(layout);
+  }
+}
+
+TEST_P(Ladder, SameBitsForOneAndTwoThreads) {
+  const Shape shape{1, 3, 2, 45, 77, 64};
+  std::vector<float> results[2];
+  for (int threads : {1, 2}) {
+    Options o = options();
+    o.threads = threads;
+    o.causal = true;
+    AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, 11);
+    attention(c.out, c.lse, c.q, c.k, c.v, o);
+    results[threads - 1] = c.out_values();
+    results[threads - 1].insert(results[threads - 1].end(), c.lse_buf.begin(), c.lse_buf.end() - 1);
+  }
+  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+}
+
+TEST_P(Ladder, FullyMaskedRowsGiveZeroAndMinusInfinity) {
+  const Shape shape{1, 1, 2, 9, 12, 64};
+  AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 5);
+  Options o = options();
+  o.causal = true;
+  o.causal_offset = -4;  // queries 0..3 see no key
+  attention(c.out, c.lse, c.q, c.k, c.v, o);
+  for (std::int64_t g = 0; g < 2; ++g)
+    for (std::int64_t t = 0; t < 9; ++t) {
+      if (t < 4) {
+        EXPECT_EQ(c.lse_at(0, 0, g, t), -std::numeric_limits<float>::infinity());
+        for (std::int64_t h = 0; h < 64; ++h) ASSERT_EQ(c.out_at(0, 0, g, t, h), 0.0f) << "t " << t;
+      } else {
+        EXPECT_TRUE(std::isfinite(c.lse_at(0, 0, g, t)));
+        for (std::int64_t h = 0; h < 64; ++h) ASSERT_TRUE(std::isfinite(c.out_at(0, 0, g, t, h)));
+      }
+    }
+}
+
+TEST_P(Ladder, NanInInputsReachesTheOutput) {
+  const Shape shape{1, 1, 2, 6, 10, 64};
+  Options o = options();
+  o.causal = true;
+  o.causal_offset = 0;  // query t sees keys 0..t
+  {
+    AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
+    c.set_q(0, 0, 1, 2, 5, std::numeric_limits<float>::quiet_NaN());
+    attention(c.out, c.q, c.k, c.v, o);
+    for (std::int64_t g = 0; g < 2; ++g)
+      for (std::int64_t t = 0; t < 6; ++t)
+        EXPECT_EQ(std::isnan(c.out_at(0, 0, g, t, 0)), g == 1 && t == 2) << "g " << g << " t " << t;
+  }
+  {
+    AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
+    c.set_v(0, 0, 3, 7, std::numeric_limits<float>::quiet_NaN());  // seen by queries t >= 3
+    attention(c.out, c.q, c.k, c.v, o);
+    // Rows that see key 3 must be NaN; for rows that don't, the header leaves it unspecified.
+    for (std::int64_t t = 3; t < 6; ++t) EXPECT_TRUE(std::isnan(c.out_at(0, 0, 0, t, 7))) << "t " << t;
+    EXPECT_FALSE(std::isnan(c.out_at(0, 0, 0, 3, 6)));  // other columns stay finite
+  }
+}
+
+TEST_P(Ladder, EmptyKeysAndQueries) {
+  {
+    AttentionCase c = make_case(Shape{1, 2, 2, 3, 0, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
+    attention(c.out, c.lse, c.q, c.k, c.v, options());
+    for (float x : c.out_values()) ASSERT_EQ(x, 0.0f);
+    for (std::size_t i = 0; i + 1 < c.lse_buf.size(); ++i)
+      ASSERT_EQ(c.lse_buf[i], -std::numeric_limits<float>::infinity());
+  }
+  {
+    AttentionCase c = make_case(Shape{1, 2, 2, 0, 5, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
+    EXPECT_NO_THROW(attention(c.out, c.lse, c.q, c.k, c.v, options()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllRungs, Ladder,
+                         ::testing::Values(Algorithm::naive, Algorithm::chunked_unstable, Algorithm::chunked,
+                                           Algorithm::kernel1, Algorithm::flash),
+                         [](const auto& info) {
+                           std::string name = algorithm_name(info.param);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+// The seed's point about attn_scan_s: without a running max, large logits overflow exp.
+TEST(ChunkedUnstable, OverflowsWhereTheStableRungDoesNot) {
+  const Shape shape{1, 1, 2, 8, 16, 64};
+  Options o;
+  o.scale = 1.0;  // logits ~ 64 · 4 · 4: far above exp's fp32 range
+  o.algorithm = Algorithm::chunked_unstable;
+  AttentionCase unstable = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 9, 4.0f);
+  attention(unstable.out, unstable.q, unstable.k, unstable.v, o);
+  int non_finite = 0;
+  for (float x : unstable.out_values()) non_finite += !std::isfinite(x);
+  EXPECT_GT(non_finite, 0);
+
+  o.algorithm = Algorithm::chunked;
+  AttentionCase stable = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 9, 4.0f);
+  const ErrorReport r = run_and_check(stable, o);
+  EXPECT_TRUE(r.ok) << r.describe();
+}
+
+// A bound that cannot fail is no bound: a perturbed output must fail the check.
+TEST(Tolerance, RejectsAPerturbedOutputAndNaN) {
+  const Shape shape{1, 1, 2, 16, 40, 64};
+  Options o;
+  AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 21);
+  attention(c.out, c.lse, c.q, c.k, c.v, o);
+  const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
+  const ReferenceResult ref = reference_attention(p);
+  ASSERT_TRUE(check_against_reference(p, ref).ok);
+  float* out = static_cast<float*>(c.out.data);
+  const float saved = out[5];
+  out[5] += 0.02f;  // a small, plausible bug
+  EXPECT_FALSE(check_against_reference(p, ref).ok);
+  out[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(check_against_reference(p, ref).ok);
+  out[5] = saved;
+  c.lse_buf[3] += 1e-3f;
+  EXPECT_FALSE(check_against_reference(p, ref).ok);
+}
+
+}  // namespace
+}  // namespace flashgqa

@@ -1,0 +1,112 @@
+#include "reference/tolerance.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/dtype.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr double kU32 = 0x1p-24;
+
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return kU32;
+    case DType::bf16: return 0x1p-8;
+    case DType::f16: return 0x1p-11;
+  }
+  return 1.0;
+}
+
+double gamma(std::int64_t n) {
+  const double nu = static_cast<double>(n) * kU32;
+  return nu / (1.0 - nu);
+}
+
+}  // namespace
+
+std::string ErrorReport::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "max |err| %.3e (worst err/bound %.3f), mean |err| %.3e (bound %.3e)%s: %s", max_err,
+                worst_ratio, mean_err, mean_bound,
+                nan_mismatches ? ", NaN mismatches" : "", ok ? "ok" : "FAIL");
+  return buf;
+}
+
+ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, bool linear) {
+  ErrorReport r;
+  const double u_p = p.precision == Precision::bf16 ? 0x1p-8 : kU32;
+  const double u_out = unit_roundoff(p.out_dtype);
+  const double g_h = gamma(p.H), g_s = gamma(std::max<std::int64_t>(p.S, 1));
+  double sum_err = 0.0, sum_bound = 0.0;
+  std::int64_t count = 0;
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t kh = 0; kh < p.K; ++kh)
+      for (std::int64_t g = 0; g < p.G; ++g)
+        for (std::int64_t t = 0; t < p.T; ++t) {
+          const std::int64_t row = ref.row(b, kh, g, t);
+          const double a = ref.abs_logit[static_cast<std::size_t>(row)];
+          const double delta = (g_h + 4 * kU32) * a;
+          const double w_rel = std::expm1(2 * delta) + 2 * kExpRelError + u_p + 2 * g_s + 2 * kU32;
+          const void* out_row = p.out_row(b, kh, g, t);
+          for (std::int64_t h = 0; h < p.H; ++h) {
+            const auto i = static_cast<std::size_t>(row * p.H + h);
+            const double o = load_element(out_row, p.out_dtype, h);
+            const double o_ref = ref.out[i];
+            double det, stat;  // deterministic worst case; statistical (mean) estimate
+            if (linear) {
+              det = (g_h + 2 * kU32) * ref.abs_av[i] + (u_p + g_s) * ref.abs_pv[i];
+              stat = det;
+            } else {
+              const double fixed = w_rel - u_p + g_s;
+              det = (w_rel + g_s) * ref.abs_pv[i];
+              stat = fixed * ref.abs_pv[i] + 4 * u_p * ref.sq_pv[i] / std::sqrt(3.0);
+            }
+            const double bound = det + u_out * (std::fabs(o_ref) + det) + 1e-300;
+            const double mean_bound = stat + u_out * (std::fabs(o_ref) + det) + 1e-300;
+            double err = std::fabs(o - o_ref);
+            if (std::isnan(o) != std::isnan(o_ref)) {
+              ++r.nan_mismatches;
+              continue;
+            }
+            if (std::isnan(o)) err = 0.0;  // both NaN: they agree
+            if (std::isinf(o_ref) && o == o_ref) err = 0.0;
+            const double ratio = err / bound;
+            if (!(ratio <= r.worst_ratio)) {
+              r.worst_ratio = ratio;
+              r.max_bound = bound;
+              r.worst_index = static_cast<std::int64_t>(i);
+            }
+            r.max_err = std::max(r.max_err, err);
+            sum_err += err;
+            sum_bound += mean_bound;
+            ++count;
+          }
+          if (p.lse != nullptr && !linear) {
+            const double l = *p.lse_at(b, kh, g, t);
+            const double l_ref = ref.lse[static_cast<std::size_t>(row)];
+            if (std::isnan(l) != std::isnan(l_ref)) {
+              ++r.nan_mismatches;
+            } else if (std::isinf(l_ref) || std::isinf(l)) {
+              if (l != l_ref) ++r.nan_mismatches;  // -inf must match -inf exactly
+            } else if (!std::isnan(l)) {
+              const double bound =
+                  delta + 2 * kExpRelError + 2 * g_s + 2 * kU32 * (std::fabs(l_ref) + 1);
+              const double err = std::fabs(l - l_ref);
+              r.lse_max_err = std::max(r.lse_max_err, err);
+              r.lse_worst_ratio = std::max(r.lse_worst_ratio, err / bound);
+            }
+          }
+        }
+  if (count > 0) {
+    r.mean_err = sum_err / static_cast<double>(count);
+    r.mean_bound = sum_bound / static_cast<double>(count);
+  }
+  r.ok = r.nan_mismatches == 0 && r.worst_ratio <= 1.0 && r.mean_err <= r.mean_bound &&
+         r.lse_worst_ratio <= 1.0;
+  return r;
+}
+
+}  // namespace flashgqa
