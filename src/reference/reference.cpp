@@ -14,13 +14,37 @@ double operand(const void* row, DType dtype, std::int64_t i, Precision precision
   return precision == Precision::bf16 ? round_to_bf16(x) : x;
 }
 
-// Calls body(b, k, g, t, row index) for every query row.
+// The operands of one (b, kv head) in double: K and V [S, H], and one query row [H].
+struct HeadOperands {
+  std::vector<double> k, v, q;
+  HeadOperands(const Problem& p, std::int64_t b, std::int64_t kh)
+      : k(static_cast<std::size_t>(p.S * p.H)), v(k.size()), q(static_cast<std::size_t>(p.H)) {
+    for (std::int64_t s = 0; s < p.S; ++s)
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        k[static_cast<std::size_t>(s * p.H + h)] = operand(p.k_row(b, kh, s), p.k_dtype, h, p.precision);
+        v[static_cast<std::size_t>(s * p.H + h)] = operand(p.v_row(b, kh, s), p.v_dtype, h, p.precision);
+      }
+  }
+  void load_query(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t) {
+    for (std::int64_t h = 0; h < p.H; ++h)
+      q[static_cast<std::size_t>(h)] = operand(p.q_row(b, kh, g, t), p.q_dtype, h, p.precision);
+  }
+  const double* k_row(std::int64_t s, std::int64_t H) const { return k.data() + s * H; }
+  const double* v_row(std::int64_t s, std::int64_t H) const { return v.data() + s * H; }
+};
+
+// Calls body(operands, t, row index) for every query row, with the query loaded.
 template <typename Body>
 void for_each_query(const Problem& p, const ReferenceResult& r, Body body) {
   for (std::int64_t b = 0; b < p.B; ++b)
-    for (std::int64_t kh = 0; kh < p.K; ++kh)
+    for (std::int64_t kh = 0; kh < p.K; ++kh) {
+      HeadOperands ops(p, b, kh);
       for (std::int64_t g = 0; g < p.G; ++g)
-        for (std::int64_t t = 0; t < p.T; ++t) body(b, kh, g, t, r.row(b, kh, g, t));
+        for (std::int64_t t = 0; t < p.T; ++t) {
+          ops.load_query(p, b, kh, g, t);
+          body(ops, t, r.row(b, kh, g, t));
+        }
+    }
 }
 
 ReferenceResult allocate(const Problem& p) {
@@ -35,36 +59,39 @@ ReferenceResult allocate(const Problem& p) {
   return r;
 }
 
-// Logits l_j = scale * q.k_j for j < n, and max_j |scale| sum_h |q_h k_jh|.
-double logits(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-              std::int64_t n, std::vector<double>& l) {
-  const void* qrow = p.q_row(b, kh, g, t);
-  double abs_max = 0.0;
+// Logits l_j = scale * q.k_j and a_j = |scale| sum_h |q_h k_jh| for the n visible keys.
+void logits(const Problem& p, const HeadOperands& ops, std::int64_t n, std::vector<double>& l,
+            std::vector<double>& a) {
   l.assign(static_cast<std::size_t>(n), 0.0);
+  a.assign(static_cast<std::size_t>(n), 0.0);
+  const double scale = p.scale;
   for (std::int64_t j = 0; j < n; ++j) {
-    const void* krow = p.k_row(b, kh, j);
+    const double* k = ops.k_row(j, p.H);
     double dot = 0.0, abs_dot = 0.0;
     for (std::int64_t h = 0; h < p.H; ++h) {
-      const double prod = operand(qrow, p.q_dtype, h, p.precision) *
-                          operand(krow, p.k_dtype, h, p.precision);
+      const double prod = ops.q[static_cast<std::size_t>(h)] * k[h];
       dot += prod;
       abs_dot += std::fabs(prod);
     }
-    l[static_cast<std::size_t>(j)] = static_cast<double>(p.scale) * dot;
-    abs_max = std::max(abs_max, std::fabs(static_cast<double>(p.scale)) * abs_dot);
+    l[static_cast<std::size_t>(j)] = scale * dot;
+    a[static_cast<std::size_t>(j)] = std::fabs(scale) * abs_dot;
   }
-  return abs_max;
+}
+
+double max_of(const std::vector<double>& x) {
+  double m = 0.0;
+  for (double e : x) m = std::max(m, e);
+  return m;
 }
 
 // out = sum_j w_j v_j, with the magnitudes sum_j |w_j v_j| and sqrt(sum_j (w_j v_j)^2).
-void weighted_sum(const Problem& p, ReferenceResult& r, std::int64_t b, std::int64_t kh,
-                  std::int64_t row, const std::vector<double>& w) {
+void weighted_sum(const Problem& p, ReferenceResult& r, const HeadOperands& ops, std::int64_t row,
+                  const std::vector<double>& w) {
   const auto base = static_cast<std::size_t>(row * p.H);
   for (std::int64_t h = 0; h < p.H; ++h) {
     double acc = 0.0, abs_acc = 0.0, sq_acc = 0.0;
     for (std::size_t j = 0; j < w.size(); ++j) {
-      const double term =
-          w[j] * operand(p.v_row(b, kh, static_cast<std::int64_t>(j)), p.v_dtype, h, p.precision);
+      const double term = w[j] * ops.v_row(static_cast<std::int64_t>(j), p.H)[h];
       acc += term;
       abs_acc += std::fabs(term);
       sq_acc += term * term;
@@ -81,12 +108,12 @@ ReferenceResult reference_attention(const Problem& p) {
   ReferenceResult r = allocate(p);
   r.lse.assign(static_cast<std::size_t>(p.B * p.K * p.G * p.T),
                -std::numeric_limits<double>::infinity());
-  std::vector<double> l;
-  for_each_query(p, r, [&](std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-                           std::int64_t row) {
+  std::vector<double> l, a;
+  for_each_query(p, r, [&](const HeadOperands& ops, std::int64_t t, std::int64_t row) {
     const std::int64_t n = p.visible_keys(t);
     if (n == 0) return;  // sees no key: output 0, lse -inf
-    r.abs_logit[static_cast<std::size_t>(row)] = logits(p, b, kh, g, t, n, l);
+    logits(p, ops, n, l, a);
+    r.abs_logit[static_cast<std::size_t>(row)] = max_of(a);
     // Pass 1: the max (a NaN logit is skipped here and poisons pass 2).
     double m = -std::numeric_limits<double>::infinity();
     for (double x : l)
@@ -98,7 +125,7 @@ ReferenceResult reference_attention(const Problem& p) {
     // Pass 3: the normalised weights.
     for (double& x : l) x = std::exp(x - base) / sum;
     r.lse[static_cast<std::size_t>(row)] = base + std::log(sum);
-    weighted_sum(p, r, b, kh, row, l);
+    weighted_sum(p, r, ops, row, l);
   });
   return r;
 }
@@ -106,23 +133,18 @@ ReferenceResult reference_attention(const Problem& p) {
 ReferenceResult reference_linear_attention(const Problem& p) {
   ReferenceResult r = allocate(p);
   r.abs_av.assign(r.out.size(), 0.0);
-  std::vector<double> l;
-  for_each_query(p, r, [&](std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-                           std::int64_t row) {
+  std::vector<double> l, a;
+  for_each_query(p, r, [&](const HeadOperands& ops, std::int64_t t, std::int64_t row) {
     const std::int64_t n = p.visible_keys(t);
     if (n == 0) return;
-    r.abs_logit[static_cast<std::size_t>(row)] = logits(p, b, kh, g, t, n, l);
-    weighted_sum(p, r, b, kh, row, l);
-    const void* qrow = p.q_row(b, kh, g, t);
-    for (std::int64_t j = 0; j < n; ++j) {
-      double a = 0.0;
-      for (std::int64_t h = 0; h < p.H; ++h)
-        a += std::fabs(operand(qrow, p.q_dtype, h, p.precision) *
-                       operand(p.k_row(b, kh, j), p.k_dtype, h, p.precision));
-      a *= std::fabs(static_cast<double>(p.scale));
-      for (std::int64_t h = 0; h < p.H; ++h)
-        r.abs_av[static_cast<std::size_t>(row * p.H + h)] +=
-            a * std::fabs(operand(p.v_row(b, kh, j), p.v_dtype, h, p.precision));
+    logits(p, ops, n, l, a);
+    r.abs_logit[static_cast<std::size_t>(row)] = max_of(a);
+    weighted_sum(p, r, ops, row, l);
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      double acc = 0.0;
+      for (std::int64_t j = 0; j < n; ++j)
+        acc += a[static_cast<std::size_t>(j)] * std::fabs(ops.v_row(j, p.H)[h]);
+      r.abs_av[static_cast<std::size_t>(row * p.H + h)] = acc;
     }
   });
   return r;

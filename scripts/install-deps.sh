@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what flashgqa needs to build and test, on a fresh Debian machine: a C++20 compiler with
+# OpenMP, CMake, GoogleTest and Google Benchmark. Does nothing for what is already there.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v make >/dev/null 2>&1 || need+=(make)
+dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
+dpkg -s libbenchmark-dev >/dev/null 2>&1 || need+=(libbenchmark-dev)
+if ((${#need[@]})); then
+  echo "install-deps: installing ${need[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
