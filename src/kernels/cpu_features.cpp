@@ -1,0 +1,138 @@
+#include "kernels/cpu_features.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "flashgqa/flashgqa.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define FLASHGQA_X86 1
+#endif
+
+namespace flashgqa {
+namespace {
+
+struct Features {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
+  bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
+};
+
+#ifdef FLASHGQA_X86
+std::uint64_t read_xcr0() {
+  std::uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+#endif
+
+Features detect() {
+  Features f;
+#ifdef FLASHGQA_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = (c >> 27) & 1u;
+  f.fma = (c >> 12) & 1u;
+  f.f16c = (c >> 29) & 1u;
+  if (osxsave) {
+    const std::uint64_t xcr0 = read_xcr0();
+    f.os_ymm = (xcr0 & 0x6u) == 0x6u;      // SSE and AVX state
+    f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;    // plus opmask, ZMM_Hi256, Hi16_ZMM
+  }
+  if (__get_cpuid_max(0, nullptr) >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    f.avx2 = (b >> 5) & 1u;
+    f.avx512f = (b >> 16) & 1u;
+    f.avx512bw = (b >> 30) & 1u;
+    f.avx512vl = (b >> 31) & 1u;
+    __cpuid_count(7, 1, a, b, c, d);
+    f.avx512bf16 = (a >> 5) & 1u;
+  }
+#endif
+  return f;
+}
+
+const Features& features() {
+  static const Features f = detect();
+  return f;
+}
+
+constexpr int kUnset = -1;
+std::atomic<int> g_isa{kUnset};
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::portable: return "portable";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512f: return "avx512f";
+    case Isa::avx512bf16: return "avx512bf16";
+  }
+  return "unknown";
+}
+
+Isa parse_isa(const std::string& name) {
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+    if (name == isa_name(isa)) return isa;
+  throw Error("isa: '" + name + "', expected avx512bf16, avx512f, avx2 or portable");
+}
+
+bool isa_supported(Isa isa) {
+  const Features& f = features();
+  const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
+  const bool avx512 = avx2 && f.os_zmm && f.avx512f && f.avx512bw && f.avx512vl;
+  switch (isa) {
+    case Isa::portable: return true;
+    case Isa::avx2: return avx2;
+    case Isa::avx512f: return avx512;
+    case Isa::avx512bf16: return avx512 && f.avx512bf16;
+  }
+  return false;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+    if (isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+Isa best_isa() { return supported_isas().back(); }
+
+void set_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw Error(std::string("isa: '") + isa_name(isa) +
+                "' is not supported by this CPU, expected one of the supported paths (best: " +
+                isa_name(best_isa()) + ")");
+  g_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+void set_isa(const std::string& name) { set_isa(parse_isa(name)); }
+
+Isa active_isa() {
+  const int current = g_isa.load(std::memory_order_relaxed);
+  if (current != kUnset) return static_cast<Isa>(current);
+  Isa chosen = best_isa();
+  if (const char* env = std::getenv("FLASHGQA_ISA"); env != nullptr && *env != '\0') {
+    Isa requested = Isa::portable;
+    try {
+      requested = parse_isa(env);
+    } catch (const Error&) {
+      throw Error(std::string("FLASHGQA_ISA: '") + env +
+                  "', expected avx512bf16, avx512f, avx2 or portable");
+    }
+    if (!isa_supported(requested))
+      throw Error(std::string("FLASHGQA_ISA: '") + env +
+                  "' is not supported by this CPU, expected one of the supported paths (best: " +
+                  isa_name(best_isa()) + ")");
+    chosen = requested;
+  }
+  int expected = kUnset;
+  g_isa.compare_exchange_strong(expected, static_cast<int>(chosen), std::memory_order_relaxed);
+  return static_cast<Isa>(g_isa.load(std::memory_order_relaxed));
+}
+
+}  // namespace flashgqa

@@ -1,0 +1,41 @@
+// Which instruction sets this CPU (and its operating system) supports, and which one the kernels use.
+//
+// The choice is made once, on first use: the best supported path, unless the environment variable
+// FLASHGQA_ISA names another (avx512bf16 | avx512f | avx2 | portable). set_isa() changes it later (tests,
+// the CLI's --isa, benchmarks). Naming a path this machine cannot run is an Error, never a crash.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace flashgqa {
+
+// Ordered from the most portable to the fastest.
+enum class Isa : int {
+  portable,    // plain C++, any CPU
+  avx2,        // AVX2 + FMA + F16C: bf16 widened to fp32, 8-lane FMA
+  avx512f,     // AVX-512F/BW/VL: bf16 widened to fp32, 16-lane FMA
+  avx512bf16,  // AVX-512 + AVX512_BF16: vdpbf16ps, 32 multiply-adds per instruction
+};
+
+// "portable", "avx2", "avx512f", "avx512bf16".
+const char* isa_name(Isa isa);
+// Parses a name as printed by isa_name; throws Error for anything else.
+Isa parse_isa(const std::string& name);
+
+// Whether this CPU and OS can run the path (cpuid feature bits and XGETBV register state).
+bool isa_supported(Isa isa);
+// Every supported path, most portable first.
+std::vector<Isa> supported_isas();
+// The best supported path.
+Isa best_isa();
+
+// The path in use: set_isa's value, else FLASHGQA_ISA's, else best_isa(). Throws Error when
+// FLASHGQA_ISA names an unknown or unsupported path.
+Isa active_isa();
+// Selects the path for all later calls. Throws Error when this machine does not support it.
+void set_isa(Isa isa);
+// set_isa(parse_isa(name)), for the CLI's --isa.
+void set_isa(const std::string& name);
+
+}  // namespace flashgqa

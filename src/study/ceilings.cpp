@@ -1,0 +1,221 @@
+#include "study/ceilings.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <new>
+#include <sstream>
+#include <vector>
+
+#include "flashgqa/flashgqa.hpp"
+#include "kernels/cpu_features.hpp"
+#include "study/tune_cache.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace flashgqa::study {
+namespace {
+
+constexpr const char* kHeader = "# flashgqa ceilings v1";
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median, min and max of `repeats` runs of `work` on `threads` threads. `work(thread)` returns the
+// FLOPs or bytes that thread processed; the rate is their sum over the wall time of the region.
+Ceiling measure(int threads, int repeats, const std::function<double(int)>& work) {
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {  // the first run warms up (clocks, pages) and is dropped
+    std::vector<double> done(static_cast<std::size_t>(threads), 0.0);
+    const double t0 = now();
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+      const int id = omp_get_thread_num();
+#else
+      const int id = 0;
+#endif
+      done[static_cast<std::size_t>(id)] = work(id);
+    }
+    const double seconds = now() - t0;
+    double total = 0;
+    for (double d : done) total += d;
+    if (r > 0) rates.push_back(total / seconds);
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], rates.front(), rates.back()};
+}
+
+struct AlignedBuffer {
+  void* data;
+  explicit AlignedBuffer(std::size_t bytes) : data(::operator new(bytes, std::align_val_t{64})) {}
+  ~AlignedBuffer() { ::operator delete(data, std::align_val_t{64}); }
+};
+
+// A portable read loop for machines without AVX2.
+double read_loop_portable(const void* data, long bytes, long* sink) {
+  const auto* p = static_cast<const std::uint64_t*>(data);
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (long i = 0; i < bytes / 8; i += 4) a0 ^= p[i], a1 ^= p[i + 1], a2 ^= p[i + 2], a3 ^= p[i + 3];
+  *sink += static_cast<long>(a0 ^ a1 ^ a2 ^ a3);
+  return static_cast<double>(bytes);
+}
+
+double fma_loop_portable(long iterations, float* sink) {
+  float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (long i = 0; i < iterations; ++i)
+    for (float& a : acc) a = a * 0.999999f + 1e-7f;
+  for (float a : acc) *sink += a;
+  return static_cast<double>(iterations) * 8 * 2;
+}
+
+std::string line_of(const Ceilings& c) {
+  std::ostringstream os;
+  os.precision(17);
+  os << c.cpu << '\t' << c.threads << '\t' << c.bf16_instruction;
+  for (const Ceiling* x : {&c.bf16_flops, &c.f32_flops, &c.dram_bytes, &c.l2_bytes})
+    os << '\t' << x->median << '\t' << x->min << '\t' << x->max;
+  return os.str();
+}
+
+bool parse_line(const std::string& line, Ceilings& c) {
+  std::istringstream in(line);
+  std::string threads;
+  if (!std::getline(in, c.cpu, '\t') || !std::getline(in, threads, '\t') ||
+      !std::getline(in, c.bf16_instruction, '\t'))
+    return false;
+  char* end = nullptr;
+  c.threads = static_cast<int>(std::strtol(threads.c_str(), &end, 10));
+  if (*end != '\0' || c.threads < 1) return false;
+  for (Ceiling* x : {&c.bf16_flops, &c.f32_flops, &c.dram_bytes, &c.l2_bytes}) {
+    std::string field;
+    for (double* v : {&x->median, &x->min, &x->max}) {
+      if (!std::getline(in, field, '\t')) return false;
+      *v = std::strtod(field.c_str(), &end);
+      if (*end != '\0' || !(*v > 0)) return false;
+    }
+  }
+  return in.peek() == EOF;
+}
+
+}  // namespace
+
+std::string ceilings_cache_path() {
+  const std::filesystem::path tune(tune_cache_path());
+  return (tune.parent_path() / "ceilings.tsv").string();
+}
+
+Ceilings measure_ceilings(int threads, int repeats) {
+  threads = std::max(threads, 1);
+  repeats = std::max(repeats, 1);
+  Ceilings c;
+  c.cpu = cpu_model();
+  c.threads = threads;
+  float fsink = 0;
+  long lsink = 0;
+  const bool bf16 = isa_supported(Isa::avx512bf16), avx512 = isa_supported(Isa::avx512f),
+             avx2 = isa_supported(Isa::avx2);
+  // Compute peaks: ~0.1 s per run per thread.
+  auto fma = [&](int) {
+    float s = 0;
+    const double f = avx512 ? detail::f32_fma_loop_avx512(2'000'000, &s)
+                     : avx2 ? detail::f32_fma_loop_avx2(2'000'000, &s)
+                            : fma_loop_portable(4'000'000, &s);
+    fsink += s * 0;
+    return f;
+  };
+  c.f32_flops = measure(threads, repeats, fma);
+  if (bf16) {
+    c.bf16_instruction = "vdpbf16ps";
+    c.bf16_flops = measure(threads, repeats, [&](int) {
+      float s = 0;
+      const double f = detail::bf16_dot_loop(2'000'000, &s);
+      fsink += s * 0;
+      return f;
+    });
+  } else {
+    c.bf16_instruction = avx512 ? "vfmadd231ps zmm (bf16 widened)" : avx2 ? "vfmadd231ps ymm (bf16 widened)"
+                                                                          : "scalar fp32 (bf16 widened)";
+    c.bf16_flops = c.f32_flops;
+  }
+  auto read = [&](const void* p, long bytes) {
+    long s = 0;
+    const double b = avx512 ? detail::read_loop_avx512(p, bytes, &s)
+                     : avx2 ? detail::read_loop_avx2(p, bytes, &s)
+                            : read_loop_portable(p, bytes, &s);
+    lsink += s * 0;
+    return b;
+  };
+  // DRAM: each thread streams its own 128 MiB (far beyond any cache), first touched by that thread.
+  constexpr long kDramBytes = 128L << 20;
+  std::vector<std::unique_ptr<AlignedBuffer>> dram(static_cast<std::size_t>(threads));
+  for (auto& b : dram) {
+    b = std::make_unique<AlignedBuffer>(kDramBytes);
+    std::memset(b->data, 1, kDramBytes);
+  }
+  c.dram_bytes = measure(threads, repeats, [&](int id) { return read(dram[static_cast<std::size_t>(id)]->data, kDramBytes); });
+  dram.clear();
+  // L2: each thread rereads 256 KiB (beyond L1, within L2) 1024 times.
+  constexpr long kL2Bytes = 256L << 10;
+  std::vector<std::unique_ptr<AlignedBuffer>> l2(static_cast<std::size_t>(threads));
+  for (auto& b : l2) {
+    b = std::make_unique<AlignedBuffer>(kL2Bytes);
+    std::memset(b->data, 1, kL2Bytes);
+  }
+  c.l2_bytes = measure(threads, repeats, [&](int id) {
+    double bytes = 0;
+    for (int pass = 0; pass < 1024; ++pass) bytes += read(l2[static_cast<std::size_t>(id)]->data, kL2Bytes);
+    return bytes;
+  });
+  if (fsink != 0 || lsink == 42) c.cpu += "";  // keep the sinks alive
+  return c;
+}
+
+Ceilings machine_ceilings(int threads, bool remeasure, bool* from_cache) {
+  const std::string path = ceilings_cache_path();
+  const std::string cpu = cpu_model();
+  std::vector<std::string> kept;
+  {
+    std::ifstream in(path);
+    std::string line;
+    if (in && std::getline(in, line) && line == kHeader)
+      while (std::getline(in, line)) {
+        Ceilings c;
+        if (!parse_line(line, c)) {  // corrupt: ignore the whole file
+          kept.clear();
+          break;
+        }
+        if (c.cpu == cpu && c.threads == threads) {
+          if (!remeasure) {
+            if (from_cache) *from_cache = true;
+            return c;
+          }
+          continue;
+        }
+        kept.push_back(line);
+      }
+  }
+  if (from_cache) *from_cache = false;
+  const Ceilings c = measure_ceilings(threads);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kHeader << '\n';
+    for (const std::string& line : kept) out << line << '\n';
+    out << line_of(c) << '\n';
+  }
+  std::filesystem::rename(tmp, path, ec);  // a cache that cannot be written only costs a remeasure
+  return c;
+}
+
+}  // namespace flashgqa::study

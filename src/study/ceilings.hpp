@@ -1,0 +1,45 @@
+// This machine's ceilings, measured by its own micro-benchmarks on a given number of threads: the
+// peak of the bf16 matmul instruction (vdpbf16ps where the CPU has AVX512_BF16, else the fp32 FMA the
+// widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2 read bandwidth. Each is the median
+// of repeated runs, with its min and max. Cached per CPU model and thread count in the user's cache
+// folder ($XDG_CACHE_HOME or ~/.cache, flashgqa/ceilings.tsv), reused until asked to remeasure.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace flashgqa::study {
+
+struct Ceiling {
+  double median = 0, min = 0, max = 0;  // per second (FLOP/s or bytes/s)
+  double spread() const { return median > 0 ? (max - min) / median : 0; }
+};
+
+struct Ceilings {
+  std::string cpu;
+  int threads = 0;
+  std::string bf16_instruction;  // "vdpbf16ps", or the fp32 FMA it falls back to
+  Ceiling bf16_flops, f32_flops, dram_bytes, l2_bytes;
+};
+
+// Runs the micro-benchmarks (a few seconds).
+Ceilings measure_ceilings(int threads, int repeats = 5);
+
+// The cached ceilings for this CPU and thread count, or measured (and cached) ones when none are
+// cached or `remeasure`. `from_cache` tells which. A corrupt cache file is ignored.
+Ceilings machine_ceilings(int threads, bool remeasure, bool* from_cache = nullptr);
+
+// Path of the ceilings cache file.
+std::string ceilings_cache_path();
+
+namespace detail {
+// Per-ISA loops (ceilings_<isa>.cpp). Each returns the FLOPs or bytes it processed; `sink` defeats
+// dead-code elimination.
+double bf16_dot_loop(long iterations, float* sink);    // avx512bf16 only
+double f32_fma_loop_avx512(long iterations, float* sink);
+double f32_fma_loop_avx2(long iterations, float* sink);
+double read_loop_avx512(const void* data, long bytes, long* sink);
+double read_loop_avx2(const void* data, long bytes, long* sink);
+}  // namespace detail
+
+}  // namespace flashgqa::study
