@@ -1,12 +1,20 @@
-// The public entry points: validate once into a Problem, then hand it to the chosen rung.
+// The public entry points: validate once into a Problem, then hand it to the chosen rung. flash with
+// both block sizes automatic takes the blocks `flashgqa tune` stored for the shape's class, if any.
 #include "flashgqa/flashgqa.hpp"
+#include "kernels/cpu_features.hpp"
 #include "ladder/ladder.hpp"
+#include "study/tune_cache.hpp"
 
 namespace flashgqa {
 namespace {
 
-void run(const Problem& p, Algorithm algorithm) {
+void run(Problem p, Algorithm algorithm) {
   if (p.B * p.K * p.G * p.T == 0) return;  // nothing to write
+  if (algorithm == Algorithm::flash && p.block_q == 0 && p.block_kv == 0) {
+    const auto tuned = study::lookup_tuned_blocks(study::make_tune_key(
+        isa_name(active_isa()), p.G, p.H, p.T, p.S, p.causal, p.precision, p.threads));
+    if (tuned) p.block_q = tuned->block_q, p.block_kv = tuned->block_kv;
+  }
   switch (algorithm) {
     case Algorithm::naive: return naive_attention(p);
     case Algorithm::chunked_unstable: return chunked_unstable_attention(p);

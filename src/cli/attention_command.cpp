@@ -12,6 +12,7 @@
 #include "cli/commands.hpp"
 #include "core/problem.hpp"
 #include "io/npy.hpp"
+#include "kernels/cpu_features.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 
@@ -27,7 +28,7 @@ constexpr std::int64_t kMinInt64 = INT64_MIN;
 const std::vector<FlagSpec> kFlags = {
     {"q"},       {"k"},        {"v"},         {"out"},       {"lse"},      {"algo"},
     {"causal", false},         {"causal-offset"},            {"scale"},    {"precision"},
-    {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false},
+    {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
 };
 
 constexpr const char* kHelp =
@@ -54,6 +55,8 @@ constexpr const char* kHelp =
     "  --repeat N           run once to warm up, then N timed runs; prints to stderr\n"
     "                       '<algo>: median <X> ms over <N> runs, <Y> GFLOP/s'\n"
     "                       (FLOPs = 4*B*K*G*T*S*H, halved for causal; file I/O not timed)\n"
+    "  --isa NAME           instruction-set path of the fast kernels: avx512bf16 | avx512f | avx2 |\n"
+    "                       portable (default: the best this CPU supports, or $FLASHGQA_ISA)\n"
     "  --check              compare the output with the float64 reference; prints one line to\n"
     "                       stdout and fails if the derived error bounds are exceeded\n"
     "  --help               this text\n";
@@ -141,6 +144,7 @@ int attention_command(const std::vector<std::string>& words) {
                     v_path = args.required("v"), out_path = args.required("out");
   const std::optional<std::string> lse_path = args.optional("lse");
   const Options options = parse_options(args);
+  if (const auto isa = args.optional("isa")) set_isa(*isa);
   const std::int64_t repeat = args.integer("repeat", 0, 1, kMaxRepeat);
   std::optional<std::int64_t> kv_heads;
   if (args.has("kv-heads")) kv_heads = args.integer("kv-heads", 0, 1, kMaxInt64);

@@ -202,5 +202,32 @@ b=$work/big
 expect_error "check fails" "--check" "${run[@]}" attention --q "$b/q.npy" --k "$b/k.npy" --v "$b/v.npy" --out "$b/o.npy" --algo chunked-unstable --check
 if grep -Eq '^check: .*: FAILED$' "$out"; then pass; else fail "failed check: stdout '$(cat "$out")'"; fi
 
+# The study commands: roofline, bench and tune (tiny sizes; caches kept inside $work).
+export XDG_CACHE_HOME=$work/cache FLASHGQA_TUNE_CACHE=$work/cache/tune.tsv
+"${run[@]}" roofline --shape 1,2,4,512,512,64 --threads 1 >"$out" 2>"$err" && pass || fail "roofline: $(cat "$err")"
+if grep -q "flash is compute-bound from T = S >=" "$out" && grep -q "balance point" "$out"; then pass; else fail "roofline output: $(cat "$out")"; fi
+if [[ -s $work/cache/flashgqa/ceilings.tsv ]]; then pass; else fail "roofline did not cache its ceilings"; fi
+"${run[@]}" roofline --shape 1,2,4,512,512,64 --threads 1 >"$out" 2>"$err" || true
+if grep -q "from the cache" "$out"; then pass; else fail "roofline did not reuse its cache: $(cat "$out")"; fi
+if "${run[@]}" bench --out "$work/bench" --seq 32,48 --algos naive,flash --repeats 1 --threads 1 >"$out" 2>"$err"; then
+  pass
+  for f in bench.csv bench.json bench.svg; do [[ -s $work/bench/$f ]] && pass || fail "bench did not write $f"; done
+  [[ $(line_count "$work/bench/bench.csv") -eq 5 ]] && pass || fail "bench.csv: expected a header and 4 rows"
+  grep -q '^<svg' "$work/bench/bench.svg" && pass || fail "bench.svg is not an SVG"
+  grep -q 'bench: \[4/4\] flash' "$err" && pass || fail "bench progress on stderr: $(cat "$err")"
+else
+  fail "bench: exit $? ($(cat "$err"))"
+fi
+expect_ok "tune" "${run[@]}" tune --shape 1,1,2,40,40,64 --block-q 8,16 --block-kv 16,32 --repeats 1 --threads 1
+if grep -q "^best: block_q" "$out" && grep -q "stored in $FLASHGQA_TUNE_CACHE" "$out"; then pass; else fail "tune output: $(cat "$out")"; fi
+if head -1 "$FLASHGQA_TUNE_CACHE" | grep -q "flashgqa tune cache v1"; then pass; else fail "tune cache not written"; fi
+echo "garbage" >"$FLASHGQA_TUNE_CACHE"
+"${run[@]}" attention "${all[@]}" >"$out" 2>"$err" && pass || fail "attention with a corrupt tune cache must still work: $(cat "$err")"
+grep -q "warning: tune cache" "$err" && pass || fail "no warning about the corrupt tune cache: $(cat "$err")"
+expect_error "tune without shape" "missing required flag --shape" "${run[@]}" tune
+expect_error "bench bad algo" "algorithm" "${run[@]}" bench --algos fast
+expect_error "attention bad isa" "isa" "${run[@]}" attention "${all[@]}" --isa sse9
+unset XDG_CACHE_HOME FLASHGQA_TUNE_CACHE
+
 echo "cli_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "study/roofline.hpp"
+
 namespace flashgqa::cli {
 
 // flashgqa attention: runs attention on .npy inputs (attention_command.cpp). Returns the exit code.
@@ -14,5 +16,20 @@ const char* attention_help();
 // flashgqa random: writes random q, k, v .npy inputs (random_command.cpp). Returns the exit code.
 int random_command(const std::vector<std::string>& args);
 const char* random_help();
+
+// flashgqa roofline: measured ceilings and the seed's roofline model (roofline_command.cpp).
+int roofline_command(const std::vector<std::string>& args);
+const char* roofline_help();
+
+// flashgqa bench: the seed's sweep over sequence lengths, with charts (bench_command.cpp).
+int bench_command(const std::vector<std::string>& args);
+const char* bench_help();
+
+// flashgqa tune: block_q x block_kv search, stored in the tune cache (tune_command.cpp).
+int tune_command(const std::vector<std::string>& args);
+const char* tune_help();
+
+// Parses "B,K,G,T,S,H" (every dimension >= 1) for `flag`.
+study::Shape parse_shape(const std::string& flag, const std::string& text);
 
 }  // namespace flashgqa::cli

@@ -18,6 +18,9 @@ constexpr const char* kUsage =
     "Usage:\n"
     "  flashgqa attention --q Q.npy --k K.npy --v V.npy --out O.npy [flags]\n"
     "  flashgqa random --shape B,K,G,T,S,H --dir DIR [flags]\n"
+    "  flashgqa roofline [--shape B,K,G,T,S,H] [--threads N] [--remeasure]\n"
+    "  flashgqa bench [--out DIR] [--shape ...] [--seq 256,512,...] [--algos ...] [flags]\n"
+    "  flashgqa tune --shape B,K,G,T,S,H [flags]\n"
     "  flashgqa --help | flashgqa COMMAND --help\n"
     "\n"
     "Shapes: B batch, K kv heads, G query heads per kv head, T queries, S keys, H head dim.\n"
@@ -34,13 +37,25 @@ std::string one_line(std::string message) {
 int run(const std::vector<std::string>& args) {
   using namespace flashgqa::cli;
   if (args.empty())
-    throw flashgqa::Error("missing command, expected 'attention' or 'random' (see flashgqa --help)");
+    throw flashgqa::Error("missing command, expected attention, random, roofline, bench or tune (see flashgqa --help)");
   const std::string& command = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (command == "--help" || command == "-h" || command == "help") {
-    std::printf("%s%s\n%s", kUsage, attention_help(), random_help());
+    std::printf("%s%s\n%s\n%s\n%s\n%s", kUsage, attention_help(), random_help(), roofline_help(),
+                bench_help(), tune_help());
     return 0;
   }
+  struct Command {
+    const char* name;
+    int (*run)(const std::vector<std::string>&);
+    const char* (*help)();
+  };
+  for (const Command& c : {Command{"roofline", roofline_command, roofline_help},
+                           Command{"bench", bench_command, bench_help}, Command{"tune", tune_command, tune_help}})
+    if (command == c.name) {
+      if (wants_help(rest)) return std::printf("%s", c.help()) < 0;
+      return c.run(rest);
+    }
   if (command == "attention") {
     if (wants_help(rest)) return std::printf("%s", attention_help()) < 0;
     return attention_command(rest);
@@ -50,7 +65,7 @@ int run(const std::vector<std::string>& args) {
     return random_command(rest);
   }
   throw flashgqa::Error("unknown command '" + command +
-                        "', expected 'attention' or 'random' (see flashgqa --help)");
+                        "', expected attention, random, roofline, bench or tune (see flashgqa --help)");
 }
 
 }  // namespace

@@ -108,10 +108,7 @@ bool parse_line(const std::string& line, Ceilings& c) {
 
 }  // namespace
 
-std::string ceilings_cache_path() {
-  const std::filesystem::path tune(tune_cache_path());
-  return (tune.parent_path() / "ceilings.tsv").string();
-}
+std::string ceilings_cache_path() { return user_cache_dir() + "/ceilings.tsv"; }
 
 Ceilings measure_ceilings(int threads, int repeats) {
   threads = std::max(threads, 1);

@@ -83,18 +83,21 @@ int size_class(std::int64_t n) {
 }
 
 std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        std::string name = line.substr(colon + 1);
-        name.erase(0, name.find_first_not_of(' '));
-        return clean(name);
+  static const std::string model = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("model name", 0) == 0) {
+        const auto colon = line.find(':');
+        if (colon != std::string::npos) {
+          std::string name = line.substr(colon + 1);
+          name.erase(0, name.find_first_not_of(' '));
+          return clean(name);
+        }
       }
-    }
-  return "unknown-cpu";
+    return std::string("unknown-cpu");
+  }();
+  return model;
 }
 
 TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, std::int64_t T,
@@ -112,11 +115,15 @@ TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, st
   return k;
 }
 
+std::string user_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/flashgqa";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/flashgqa";
+  return ".flashgqa-cache";
+}
+
 std::string tune_cache_path() {
   if (const char* p = std::getenv("FLASHGQA_TUNE_CACHE"); p && *p) return p;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/flashgqa/tune.tsv";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/flashgqa/tune.tsv";
-  return ".flashgqa-tune.tsv";
+  return user_cache_dir() + "/tune.tsv";
 }
 
 std::vector<TuneEntry> read_tune_cache(const std::string& path, std::string* warning) {

@@ -40,7 +40,10 @@ TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, st
 // This CPU's model name (from /proc/cpuinfo; "unknown-cpu" elsewhere), without tabs or newlines.
 std::string cpu_model();
 
-// $FLASHGQA_TUNE_CACHE, else $XDG_CACHE_HOME/flashgqa/tune.tsv, else $HOME/.cache/flashgqa/tune.tsv.
+// The user's cache folder for flashgqa: $XDG_CACHE_HOME/flashgqa, else $HOME/.cache/flashgqa, else
+// .flashgqa-cache in the current folder.
+std::string user_cache_dir();
+// $FLASHGQA_TUNE_CACHE, else user_cache_dir()/tune.tsv.
 std::string tune_cache_path();
 
 // Entries of the file at `path`; a missing file gives none silently, a foreign or corrupt one gives

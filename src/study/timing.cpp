@@ -1,0 +1,70 @@
+#include "study/timing.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "core/dtype.hpp"
+
+namespace flashgqa::study {
+namespace {
+
+void fill(std::vector<std::uint16_t>& dst, std::size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  dst.resize(n);
+  for (auto& x : dst) x = float_to_bf16_bits(normal(rng));
+}
+
+}  // namespace
+
+BenchInputs::BenchInputs(const Shape& s, std::uint64_t seed) : shape_(s) {
+  std::mt19937_64 rng(seed);
+  const auto q_elems = static_cast<std::size_t>(s.B * s.K * s.G * s.T * s.H);
+  const auto kv_elems = static_cast<std::size_t>(s.B * s.K * s.S * s.H);
+  fill(q_, q_elems, rng);
+  fill(k_, kv_elems, rng);
+  fill(v_, kv_elems, rng);
+  out_.assign(q_elems, 0);
+}
+
+void BenchInputs::run(const Options& options) {
+  const Shape& s = shape_;
+  attention(contiguous_view(out_.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H}),
+            contiguous_view(q_.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H}),
+            contiguous_view(k_.data(), DType::bf16, {s.B, s.K, s.S, s.H}),
+            contiguous_view(v_.data(), DType::bf16, {s.B, s.K, s.S, s.H}), options);
+}
+
+Timing time_attention(BenchInputs& inputs, const Options& options, int repeats) {
+  inputs.run(options);  // warm-up: pages, caches, the thread pool
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    inputs.run(options);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  Timing t;
+  t.repeats = repeats;
+  if (!seconds.empty()) {
+    const std::size_t n = seconds.size();
+    t.median_s = n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
+    t.min_s = seconds.front();
+    t.max_s = seconds.back();
+  }
+  return t;
+}
+
+double available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+}  // namespace flashgqa::study

@@ -1,0 +1,38 @@
+// Timing attention on generated inputs, shared by `flashgqa bench` and `flashgqa tune`: random bf16
+// q, k, v of a shape, one warm-up run, then the median (and min, max) of repeated runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "flashgqa/flashgqa.hpp"
+#include "study/roofline.hpp"
+
+namespace flashgqa::study {
+
+struct Timing {
+  int repeats = 0;
+  double median_s = 0, min_s = 0, max_s = 0;
+};
+
+// Random normal bf16 inputs and a bf16 output buffer for one shape.
+class BenchInputs {
+ public:
+  BenchInputs(const Shape& shape, std::uint64_t seed);
+  const Shape& shape() const { return shape_; }
+  // Runs attention once with `options`.
+  void run(const Options& options);
+
+ private:
+  Shape shape_;
+  std::vector<std::uint16_t> q_, k_, v_, out_;
+};
+
+// One warm-up run, then `repeats` timed runs (wall clock, steady_clock).
+Timing time_attention(BenchInputs& inputs, const Options& options, int repeats);
+
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+double available_memory_bytes();
+
+}  // namespace flashgqa::study
