@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The main job: builds flashgqa, generates random inputs, runs `flashgqa attention` with flash on them,
-# checks the result against the float64 reference and prints the time.
+# The main job: builds flashgqa and runs the seed's study on this machine — the measured ceilings and
+# roofline (flashgqa roofline), then the ladder timed over sequence lengths next to its predictions
+# (flashgqa bench, about 2 minutes on 2 cores; table on stdout, CSV/JSON/SVG in out/bench), then one
+# flash run on generated inputs checked against the float64 reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target flashgqa
+build/flashgqa roofline
+echo
+build/flashgqa bench --out out/bench
+echo
 dir=out/demo
-shape=${FLASHGQA_SHAPE:-1,2,4,1024,1024,128}
-build/flashgqa random --shape "$shape" --dtype bfloat16 --seed 1 --dir "$dir"
-echo "shape B,K,G,T,S,H = $shape (bfloat16)"
-for algo in naive chunked kernel1 flash; do
-  build/flashgqa attention --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$dir/out_$algo.npy" \
-    --algo "$algo" --repeat 3 --check
-done
+build/flashgqa random --shape 1,2,4,1024,1024,128 --dtype bfloat16 --seed 1 --dir "$dir"
+echo "flash on B,K,G,T,S,H = 1,2,4,1024,1024,128 (bfloat16) against the float64 reference:"
+build/flashgqa attention --q "$dir/q.npy" --k "$dir/k.npy" --v "$dir/v.npy" --out "$dir/out.npy" \
+  --algo flash --repeat 5 --check
