@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds flashgqa (Release) and runs every test through ctest.
+# Builds flashgqa (Release) and runs every test through ctest, then the Python package's tests.
 #   FLASHGQA_SANITIZE=1 scripts/test.sh   builds in build-asan with AddressSanitizer + UBSan instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +15,15 @@ else
 fi
 cmake --build "$dir" -j "$jobs"
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+
+# The Python package (python/README.md): install it from this tree and run its tests. Skipped under
+# the sanitizers (a sanitized library cannot be loaded into an uninstrumented Python). torch is
+# optional and not installed here: its tests skip with a reason where it is absent.
+if [ "${FLASHGQA_SANITIZE:-0}" != 1 ]; then
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  python3 -c "import numpy, ml_dtypes, jax, pytest, scikit_build_core, nanobind" 2>/dev/null ||
+    python3 -m pip install -q numpy ml_dtypes "jax[cpu]" pytest scikit-build-core nanobind
+  # No build isolation and a kept build folder: later runs rebuild only what changed.
+  python3 -m pip install -q --no-build-isolation -Cbuild-dir=build-python ./
+  python3 -m pytest -q -rs python/tests
+fi

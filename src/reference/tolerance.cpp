@@ -49,7 +49,9 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
           const std::int64_t row = ref.row(b, kh, g, t);
           const double a = ref.abs_logit[static_cast<std::size_t>(row)];
           const double delta = (g_h + 4 * kU32) * a;
-          const double w_rel = std::expm1(2 * delta) + 2 * kExpRelError + u_p + 2 * g_s + 2 * kU32;
+          const double rescales = 2.0 * static_cast<double>(p.S) * (kExpRelError + kU32);
+          const double w_rel =
+              std::expm1(2 * delta) + 2 * kExpRelError + u_p + 2 * g_s + 2 * kU32 + rescales;
           const void* out_row = p.out_row(b, kh, g, t);
           for (std::int64_t h = 0; h < p.H; ++h) {
             const auto i = static_cast<std::size_t>(row * p.H + h);

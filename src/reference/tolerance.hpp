@@ -11,8 +11,12 @@
 // Softmax attention, per row (query) with A = max_j |scale| sum_h |q_h k_jh| over visible keys:
 //   logit error           delta = (gamma(H) + 4 u32) A        (dot product, scale, l - m)
 //   weight rel. error     w_rel = exp(2 delta) - 1 + 2 eps_exp + u_p + 2 gamma(S) + 2 u32
-//                         (numerator and denominator logits, both exps, P rounding, denominator sum
-//                          and rescales, the final division)
+//                                 + 2 S (eps_exp + u32)
+//                         (numerator and denominator logits, both exps, P rounding, denominator sum,
+//                          the final division; and the running-max rescales: each KV block's
+//                          accumulated weight is a product of up to (number of KV blocks) <= S computed
+//                          factors exp(m_old - m_new), the same for numerator and denominator of that
+//                          block but not across blocks, so the weighted mean moves by twice their error)
 //   max bound per element |o - o_ref| <= w_rel sum_j p_j |v_jh| + gamma(S) sum_j p_j |v_jh|
 //                                        + u_out (|o_ref| + that)
 //   mean bound: the P roundings are independent zero-mean errors, so their sum over j has standard

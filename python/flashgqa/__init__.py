@@ -1,0 +1,252 @@
+"""flashgqa: exact grouped-query attention on the CPU, for numpy, torch and jax arrays.
+
+Shapes use the seed's letters: B batch, T queries, S keys/values, K kv heads, G query heads per kv
+head, H head dim. Two layouts are accepted for q (and the result):
+
+- 5-D ``[B, K, G, T, H]`` (the seed's), with k, v ``[B, K, S, H]``;
+- 4-D ``[B, Hq, T, H]`` (PyTorch SDPA's), with k, v ``[B, K, S, H]`` and ``Hq = K * G``
+  (query head ``h`` uses kv head ``h // G``, as SDPA's ``enable_gqa=True``).
+
+Inputs are taken without copying: any CPU array with DLPack or the buffer protocol (numpy with
+float32, float16 or ml_dtypes.bfloat16; torch tensors; jax arrays), strided views included. Only the
+last dimension (H) must be contiguous. The result comes back as the kind and dtype of q: numpy in,
+numpy out; torch in, torch out; jax in, jax out (computed into a numpy buffer, then handed to
+``jax.device_put`` on q's CPU device, which may copy it once). The GIL is released while
+computing. Bad arguments raise ValueError (shapes, devices, options) or TypeError (types, dtypes)
+with the library's message.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import _flashgqa
+
+__all__ = ["attention", "linear_attention"]
+
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _shape_str(shape):
+    return "[" + ",".join(str(int(n)) for n in shape) + "]"
+
+
+class _Input:
+    """One array argument: its kind, what the binding receives, its dtype name and shape."""
+
+    __slots__ = ("obj", "kind", "arg", "dtype", "shape")
+
+    def __init__(self, obj, kind, arg, dtype, shape):
+        self.obj, self.kind, self.arg, self.dtype, self.shape = obj, kind, arg, dtype, tuple(shape)
+
+
+def _numpy_dtype_name(dtype, name):
+    if not dtype.isnative:
+        raise TypeError(f"{name}: dtype {dtype} is not in native byte order, expected "
+                        "float32, float16 or bfloat16")
+    # ml_dtypes.bfloat16 names itself "bfloat16"; numpy has no bfloat16 of its own.
+    return dtype.name
+
+
+def _module_of(obj, module):
+    """The module `module` if it is imported and obj is one of its arrays (no import otherwise)."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return None
+    cls = mod.Tensor if module == "torch" else getattr(mod, "Array", None)
+    return mod if cls is not None and isinstance(obj, cls) else None
+
+
+def _import(obj, name, writable=False):
+    """Classifies one array argument and prepares the zero-copy object the binding reads."""
+    if isinstance(obj, np.ndarray):
+        dtype = _numpy_dtype_name(obj.dtype, name)
+        if dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype {dtype}, expected float32, float16 or bfloat16")
+        if writable and not obj.flags.writeable:
+            raise ValueError(f"{name}: numpy array is read-only, expected a writable array")
+        # numpy's DLPack export does not know bfloat16: hand over the same memory as uint16,
+        # which the binding reads as bfloat16 bits (a view, not a copy).
+        arg = obj.view(np.uint16) if dtype == "bfloat16" else obj
+        return _Input(obj, "numpy", arg, dtype, obj.shape)
+
+    torch = _module_of(obj, "torch")
+    if torch is not None:
+        if obj.device.type != "cpu":
+            raise ValueError(f"{name}: torch tensor on device {obj.device}, expected a CPU tensor")
+        dtype = str(obj.dtype).removeprefix("torch.")
+        if dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype {obj.dtype}, expected torch.float32, torch.float16 "
+                            "or torch.bfloat16")
+        if obj.is_sparse or obj.layout != torch.strided:
+            raise TypeError(f"{name}: torch tensor with layout {obj.layout}, expected a strided "
+                            "(dense) tensor")
+        # No autograd: detach() is a view of the same memory, which DLPack can then export.
+        return _Input(obj, "torch", obj.detach(), dtype, obj.shape)
+
+    jax = _module_of(obj, "jax")
+    if jax is not None:
+        if writable:
+            raise TypeError(f"{name}: jax arrays are immutable, expected a writable numpy "
+                            "array or torch tensor (or leave it out)")
+        try:
+            platforms = {d.platform for d in obj.devices()}
+        except Exception:  # a tracer inside jax.jit has no devices and no memory
+            raise TypeError(f"{name}: abstract jax value {type(obj).__name__}, expected a "
+                            "concrete array (flashgqa cannot run inside jax.jit)") from None
+        if platforms != {"cpu"}:
+            raise ValueError(f"{name}: jax array on {sorted(platforms)}, expected a CPU array")
+        dtype = str(obj.dtype)
+        if dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype {dtype}, expected float32, float16 or bfloat16")
+        return _Input(obj, "jax", obj, dtype, obj.shape)
+
+    # Anything else with DLPack or the buffer protocol is read through a numpy view of its memory.
+    if hasattr(obj, "__dlpack_device__"):
+        device_type = obj.__dlpack_device__()[0]
+        if device_type not in (1, 3):  # kDLCPU, kDLCUDAHost
+            raise ValueError(f"{name}: {type(obj).__name__} on DLPack device type {device_type}, "
+                             "expected a CPU array")
+    if hasattr(obj, "__dlpack__"):
+        try:
+            view = np.from_dlpack(obj, copy=False)
+        except TypeError:  # numpy < 2.1 has no copy argument; from_dlpack never copies there
+            view = np.from_dlpack(obj)
+        except BufferError as e:
+            raise TypeError(f"{name}: {type(obj).__name__} cannot be read through DLPack "
+                            f"({e}), expected a CPU array") from None
+    else:
+        try:
+            view = np.asarray(memoryview(obj))
+        except TypeError:
+            raise TypeError(f"{name}: got {type(obj).__name__}, expected a CPU array with DLPack "
+                            "or the buffer protocol (numpy, torch, jax)") from None
+    if writable and not view.flags.writeable:
+        raise ValueError(f"{name}: {type(obj).__name__} is read-only, expected a writable array")
+    inp = _import(view, name, writable)
+    inp.obj, inp.kind = obj, "other"
+    return inp
+
+
+def _import_qkv(q, k, v):
+    qi, ki, vi = _import(q, "q"), _import(k, "k"), _import(v, "v")
+    if not qi.dtype == ki.dtype == vi.dtype:
+        raise TypeError(f"q, k, v: dtypes {qi.dtype}, {ki.dtype}, {vi.dtype}, expected one dtype "
+                        "for all three")
+    if len(qi.shape) not in (4, 5):
+        raise ValueError(f"q: shape {_shape_str(qi.shape)}, expected 5-D [B,K,G,T,H] or 4-D "
+                         "[B,Hq,T,H]")
+    return qi, ki, vi
+
+
+def _empty_like_kind(qi, shape, dtype):
+    """A new C-order array of q's kind (numpy for jax and other inputs), and the binding's view."""
+    if qi.kind == "torch":
+        import torch
+
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device="cpu")
+        return t, t
+    if dtype == "bfloat16":  # numpy's bfloat16 is ml_dtypes' (jax's too)
+        import ml_dtypes
+
+        a = np.empty(shape, dtype=ml_dtypes.bfloat16)
+        return a, a.view(np.uint16)
+    a = np.empty(shape, dtype=dtype)
+    return a, a
+
+
+def _finish(qi, result):
+    """Hands a computed result back in q's kind (jax: a jax array made from the numpy buffer, on
+    q's CPU device; jax may copy it once)."""
+    if qi.kind == "jax":
+        import jax
+
+        return jax.device_put(result, next(iter(qi.obj.devices())))
+    return result
+
+
+def _output(qi, out, name="out"):
+    """The output array to return and the object the binding writes: `out` itself or a new one."""
+    if out is None:
+        return _empty_like_kind(qi, qi.shape, qi.dtype)
+    oi = _import(out, name, writable=True)
+    if oi.shape != qi.shape:
+        raise ValueError(f"{name}: shape {_shape_str(oi.shape)}, expected the shape of q "
+                         f"{_shape_str(qi.shape)}")
+    return out, oi.arg
+
+
+def _int_option(value, name):
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: {value!r}, expected an int or None")
+    return int(value)
+
+
+def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",
+              algo="flash", return_lse=False, block_q=None, block_kv=None, threads=None,
+              out=None):
+    """Exact softmax attention, grouped-query: each kv head serves G query heads.
+
+    Args:
+      q: ``[B, K, G, T, H]``, or SDPA's ``[B, Hq, T, H]`` with ``Hq = K * G``.
+      k, v: ``[B, K, S, H]``.
+        q, k and v share one dtype: float32, float16 or bfloat16 (numpy: ml_dtypes.bfloat16).
+        Any CPU array with DLPack or the buffer protocol, read in place (strided views welcome;
+        the last dimension H must have stride 1).
+      causal: mask keys after each query: query t sees key j when ``j <= t + causal_offset``.
+      causal_offset: default ``S - T`` (bottom-right aligned, as FlashAttention); ``0`` is
+        top-left, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``.
+      scale: multiplies the logits ``q . k``; default ``1 / sqrt(H)``. The seed pre-scales q and
+        uses 1.0.
+      precision: ``"bf16"`` (the seed's rule: q, k, v and the softmax weights enter the matmuls
+        rounded to bfloat16, accumulation in float32) or ``"f32"``.
+      algo: ``"flash"`` (default), ``"naive"``, ``"chunked"``, ``"chunked-unstable"``,
+        ``"kernel1"``: the seed's ladder.
+      return_lse: also return ``lse = log(sum_j exp(scale * q . k_j))`` (float32, natural log)
+        of shape ``[B, K, G, T]`` (5-D q) or ``[B, Hq, T]`` (4-D q); ``-inf`` for rows that see
+        no key.
+      block_q, block_kv: rows of q per block and keys per KV block; None chooses.
+      threads: worker threads; None uses all cores.
+      out: optional writable array of q's shape (float32, float16 or bfloat16) to write into.
+
+    Returns:
+      ``out`` of q's shape, kind and dtype (or the given ``out``); with ``return_lse``, the pair
+      ``(out, lse)``. Rows that see no key give 0.
+    """
+    qi, ki, vi = _import_qkv(q, k, v)
+    result, out_arg = _output(qi, out)
+    lse, lse_arg = (_empty_like_kind(qi, qi.shape[:-1], "float32") if return_lse
+                    else (None, None))
+    _flashgqa.attention(
+        qi.arg, ki.arg, vi.arg, out_arg, lse_arg, causal=bool(causal),
+        causal_offset=None if causal_offset is None else _int_option(causal_offset,
+                                                                     "causal_offset"),
+        scale=None if scale is None else float(scale), precision=str(precision), algo=str(algo),
+        block_q=_int_option(block_q, "block_q"), block_kv=_int_option(block_kv, "block_kv"),
+        threads=_int_option(threads, "threads"))
+    result = result if out is not None else _finish(qi, result)
+    return (result, _finish(qi, lse)) if return_lse else result
+
+
+def linear_attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",
+                     block_kv=None, threads=None, out=None):
+    """The seed's linear attention (no softmax): ``out[t] = sum_j (scale * q_t . k_j) v_j``.
+
+    Shapes, dtypes, kinds and the options causal, causal_offset, scale, precision (under "bf16"
+    the logits are rounded to bfloat16 before the second matmul), block_kv (keys per chunk),
+    threads and out are those of :func:`attention`: q ``[B, K, G, T, H]`` or ``[B, Hq, T, H]``,
+    k, v ``[B, K, S, H]``; returns an array of q's shape, kind and dtype.
+    """
+    qi, ki, vi = _import_qkv(q, k, v)
+    result, out_arg = _output(qi, out)
+    _flashgqa.linear_attention(
+        qi.arg, ki.arg, vi.arg, out_arg, causal=bool(causal),
+        causal_offset=None if causal_offset is None else _int_option(causal_offset,
+                                                                     "causal_offset"),
+        scale=None if scale is None else float(scale), precision=str(precision),
+        block_kv=_int_option(block_kv, "block_kv"), threads=_int_option(threads, "threads"))
+    return result if out is not None else _finish(qi, result)

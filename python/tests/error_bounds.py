@@ -1,0 +1,160 @@
+"""Error bounds for the Python tests, derived as in src/reference/tolerance.hpp, and the float64
+reference they are measured against.
+
+Every comparison is between "sides": approximate implementations (flashgqa, the seed's JAX code,
+torch's SDPA), each following the rule bf16/fp32 operands, fp32 accumulation, softmax weights
+rounded to u_p before P.V, output rounded to u_out, and, when there is only one side, the exact
+float64 result. The triangle inequality through the exact result bounds the difference of two sides
+by the sum of their own bounds.
+
+Units: u32 = 2^-24 (fp32 accumulation); u_p = roundoff of the weights entering P.V (2^-8 when they
+are rounded to bf16, u32 otherwise); u_out = roundoff of the output dtype (2^-8 bf16, 2^-11 f16,
+2^-24 f32); gamma(n) = n u32 / (1 - n u32) (an n-term fp32 sum); eps_exp = 2^-20, the library's
+kExpRelError, a generous budget too for XLA's and torch's float32 exp (a few ulp). The operands are
+rounded identically on every side (round to nearest even), so they contribute no error.
+
+Softmax attention, per query row, with A = max_j |scale| sum_h |q_h k_jh| over the visible keys:
+  logit error          delta = (gamma(H) + 4 u32) A          (dot product, scale, l - m)
+  weight rel. error    w_rel = exp(2 delta) - 1 + 2 eps_exp + u_p + 2 gamma(S) + 2 u32
+                               + 2 c (eps_exp + u32)
+     (numerator and denominator logits, both exps, P rounding, denominator sum, the division; c is
+      the number of running-max corrections a side multiplies a weight by: the product of those
+      exps is not common to all keys, so their errors do not cancel in o = acc / denom. c = 0 for
+      the seed's attn_naive, S / bkv for attn_scan_s_stable, and S, the most blocks there can be,
+      for flashgqa, whose automatic block size the test does not fix.)
+  per element, over the sides i:
+     e = sum_i (w_rel_i + gamma(S)) sum_j p_j |v_jh|          (weights, then the fp32 P.V sum)
+     |o_a - o_b| <= e + u_out (n |o_ref| + e)                  (n sides round their output)
+  mean: the P roundings are independent zero-mean errors; their sum over j has standard deviation
+  <= sqrt(sum_i u_p_i^2) sqrt(sum_j (p_j v_jh)^2) / sqrt(3), and the mean of |error| over elements
+  stays below the mean of 4 such deviations plus the deterministic terms (e without the u_p part,
+  and the output rounding).
+  lse (one side against the reference): |lse - lse_ref| <= delta + 2 eps_exp + 2 gamma(S)
+                                                          + 2 u32 (|lse_ref| + 1)
+Linear attention (weights w_j = scale q.k_j, a_j = |scale| sum_h |q_h k_jh|), per side:
+  e_i = (gamma(H) + 2 u32)(1 + u_p_i) sum_j a_j |v_jh| + (u_p_i + gamma(S)) sum_j |w_j v_jh|
+  (the logit error, carried through the rounding to u_p; the rounding itself; the fp32 P.V sum);
+  |o_a - o_b| <= sum_i e_i + u_out (n |o_ref| + sum_i e_i); mean as above with |w_j v_jh|.
+A NaN never passes: every check is `err <= bound`, which is False for NaN.
+"""
+
+import math
+
+import numpy as np
+
+U32 = 2.0**-24
+EPS_EXP = 2.0**-20
+ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": U32}
+
+
+def gamma(n):
+    return n * U32 / (1.0 - n * U32)
+
+
+def weights_roundoff(precision):
+    """u_p: the roundoff of the softmax (or linear) weights entering the second matmul."""
+    return ROUNDOFF["bfloat16"] if precision == "bf16" else U32
+
+
+def as_f64(x):
+    """A float64 numpy copy of any array (numpy incl. ml_dtypes.bfloat16, torch, jax)."""
+    if type(x).__module__.startswith("torch"):
+        return x.detach().float().numpy().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def operands(x, precision):
+    """x as the matmuls see it: rounded to bfloat16 under precision "bf16", in float64."""
+    import ml_dtypes
+
+    x = as_f64(x)
+    if precision == "bf16":
+        x = x.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    return x
+
+
+def _visible(T, S, causal_offset):
+    """[T, S] mask of the keys each query sees (all when causal_offset is None)."""
+    if causal_offset is None:
+        return np.ones((T, S), dtype=bool)
+    return np.arange(S)[None, :] <= np.arange(T)[:, None] + causal_offset
+
+
+class Reference:
+    """Exact (float64) attention of q [B,K,G,T,H], k, v [B,K,S,H] and the sums the bounds need."""
+
+    def __init__(self, q, k, v, scale, causal_offset=None):
+        self.T, self.S, self.H = q.shape[3], k.shape[2], q.shape[4]
+        vis = _visible(self.T, self.S, causal_offset)
+        logits = scale * np.einsum("bkgth,bksh->bkgts", q, k)
+        absdot = abs(scale) * np.einsum("bkgth,bksh->bkgts", np.abs(q), np.abs(k))
+        self.A = np.where(vis, absdot, 0.0).max(axis=-1, initial=0.0)[..., None]  # [B,K,G,T,1]
+        masked = np.where(vis, logits, -np.inf)
+        m = masked.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        ex = np.where(vis, np.exp(masked - m), 0.0)
+        den = ex.sum(axis=-1, keepdims=True)
+        p = np.divide(ex, den, out=np.zeros_like(ex), where=den > 0)
+        self.out = np.einsum("bkgts,bksh->bkgth", p, v)
+        self.pv_abs = np.einsum("bkgts,bksh->bkgth", p, np.abs(v))
+        self.pv_rms = np.sqrt(np.einsum("bkgts,bksh->bkgth", p**2, v**2))
+        with np.errstate(divide="ignore"):
+            self.lse = np.where(den[..., 0] > 0, np.log(den[..., 0]) + m[..., 0], -np.inf)
+        # Linear attention: w = scale q.k over the visible keys, no softmax.
+        w = np.where(vis, logits, 0.0)
+        self.linear_out = np.einsum("bkgts,bksh->bkgth", w, v)
+        self.linear_av = np.einsum("bkgts,bksh->bkgth", np.where(vis, absdot, 0.0), np.abs(v))
+        self.linear_wv = np.einsum("bkgts,bksh->bkgth", np.abs(w), np.abs(v))
+        self.linear_wv_rms = np.sqrt(np.einsum("bkgts,bksh->bkgth", w**2, v**2))
+
+    def softmax_bounds(self, sides, u_out):
+        """(max bound per element, mean bound) for sides = [(u_p, corrections), ...]."""
+        S, H = self.S, self.H
+        delta = (gamma(H) + 4 * U32) * self.A
+        e = 0.0
+        u_p_sq = 0.0
+        for u_p, corrections in sides:
+            w_rel = (np.expm1(2 * delta) + 2 * EPS_EXP + u_p + 2 * gamma(S) + 2 * U32
+                     + 2 * corrections * (EPS_EXP + U32))
+            e = e + (w_rel + gamma(S)) * self.pv_abs
+            u_p_sq += u_p**2
+        n = len(sides)
+        rounding = u_out * (n * np.abs(self.out) + e)
+        max_bound = e + rounding
+        deterministic = e - sum(u_p for u_p, _ in sides) * self.pv_abs
+        sigma = math.sqrt(u_p_sq) * self.pv_rms / math.sqrt(3.0)
+        mean_bound = float(np.mean(4 * sigma + deterministic + rounding))
+        return max_bound, mean_bound
+
+    def lse_bound(self):
+        delta = (gamma(self.H) + 4 * U32) * self.A[..., 0]
+        finite = np.where(np.isfinite(self.lse), np.abs(self.lse), 0.0)
+        return delta + 2 * EPS_EXP + 2 * gamma(self.S) + 2 * U32 * (finite + 1.0)
+
+    def linear_bounds(self, sides_u_p, u_out):
+        """(max bound per element, mean bound) for linear attention, sides_u_p = [u_p, ...]."""
+        e = 0.0
+        for u_p in sides_u_p:
+            e = e + ((gamma(self.H) + 2 * U32) * (1 + u_p) * self.linear_av
+                     + (u_p + gamma(self.S)) * self.linear_wv)
+        n = len(sides_u_p)
+        rounding = u_out * (n * np.abs(self.linear_out) + e)
+        deterministic = e - sum(sides_u_p) * self.linear_wv
+        sigma = math.sqrt(sum(u**2 for u in sides_u_p)) * self.linear_wv_rms / math.sqrt(3.0)
+        return e + rounding, float(np.mean(4 * sigma + deterministic + rounding))
+
+
+def assert_within(got, want, max_bound, mean_bound, what):
+    """|got - want| <= max_bound everywhere (NaN fails) and mean |got - want| <= mean_bound."""
+    got, want = as_f64(got), as_f64(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    err = np.abs(got - want)
+    ok = err <= max_bound  # False for NaN
+    if not ok.all():
+        i = np.unravel_index(np.argmin(np.where(ok, np.inf, -1.0)), err.shape)
+        raise AssertionError(f"{what}: {np.count_nonzero(~ok)} of {err.size} elements out of "
+                             f"bound; at {i}: got {got[i]}, want {want[i]}, err {err[i]:.3g} > "
+                             f"bound {np.broadcast_to(max_bound, err.shape)[i]:.3g}")
+    mean_err = float(err.mean()) if err.size else 0.0
+    assert mean_err <= mean_bound, (f"{what}: mean error {mean_err:.3g} > mean bound "
+                                    f"{mean_bound:.3g}")
