@@ -16,7 +16,7 @@ namespace {
 
 struct Features {
   bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
+  bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
 };
 
@@ -38,13 +38,14 @@ Features detect() {
   f.f16c = (c >> 29) & 1u;
   if (osxsave) {
     const std::uint64_t xcr0 = read_xcr0();
-    f.os_ymm = (xcr0 & 0x6u) == 0x6u;      // SSE and AVX state
-    f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;    // plus opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_ymm = (xcr0 & 0x6u) == 0x6u;    // SSE and AVX state
+    f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
   }
   if (__get_cpuid_max(0, nullptr) >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     f.avx2 = (b >> 5) & 1u;
     f.avx512f = (b >> 16) & 1u;
+    f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
@@ -83,7 +84,7 @@ Isa parse_isa(const std::string& name) {
 bool isa_supported(Isa isa) {
   const Features& f = features();
   const bool avx2 = f.os_ymm && f.avx2 && f.fma && f.f16c;
-  const bool avx512 = avx2 && f.os_zmm && f.avx512f && f.avx512bw && f.avx512vl;
+  const bool avx512 = avx2 && f.os_zmm && f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl;
   switch (isa) {
     case Isa::portable: return true;
     case Isa::avx2: return avx2;
@@ -121,8 +122,7 @@ Isa active_isa() {
     try {
       requested = parse_isa(env);
     } catch (const Error&) {
-      throw Error(std::string("FLASHGQA_ISA: '") + env +
-                  "', expected avx512bf16, avx512f, avx2 or portable");
+      throw Error(std::string("FLASHGQA_ISA: '") + env + "', expected avx512bf16, avx512f, avx2 or portable");
     }
     if (!isa_supported(requested))
       throw Error(std::string("FLASHGQA_ISA: '") + env +

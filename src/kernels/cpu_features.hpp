@@ -14,7 +14,7 @@ namespace flashgqa {
 enum class Isa : int {
   portable,    // plain C++, any CPU
   avx2,        // AVX2 + FMA + F16C: bf16 widened to fp32, 8-lane FMA
-  avx512f,     // AVX-512F/BW/VL: bf16 widened to fp32, 16-lane FMA
+  avx512f,     // AVX-512F/DQ/BW/VL: bf16 widened to fp32, 16-lane FMA
   avx512bf16,  // AVX-512 + AVX512_BF16: vdpbf16ps, 32 multiply-adds per instruction
 };
 

@@ -1,0 +1,190 @@
+// flashgqa_bench: the fast flash path against this machine's ceilings, measured in the same run.
+//
+//   GFLOP/s = 4 B K G T S H / time (halved when causal); pct_peak = that / the vdpbf16ps peak measured
+//   on the same number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
+//   other work lowers both; decode (T = 1) also reports K/V bytes read per second and pct_dram against
+//   the DRAM read bandwidth measured right before. Inputs are random bf16 q, k, v and a bf16 output,
+//   through the public attention() call, so the benchmark runs exactly the shipped code.
+//
+// Each benchmark runs 5 repetitions unless --benchmark_repetitions says otherwise; read the _median
+// rows. Kernel-level benchmarks (qk_tile, softmax_tile, pv_tile on L1/L2-resident tiles) come first;
+// they explain where the end-to-end figures lose against the peak.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flash/aligned_buffer.hpp"
+#include "kernels/cpu_features.hpp"
+#include "kernels/microkernels.hpp"
+#include "peak.hpp"
+#include "study/roofline.hpp"
+#include "study/timing.hpp"
+
+namespace {
+
+using namespace flashgqa;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --- End to end -------------------------------------------------------------------------------------
+
+void attention_bench(benchmark::State& state, study::Shape shape, bool causal, int threads) {
+  study::BenchInputs inputs(shape, 1);
+  Options o;
+  o.causal = causal;
+  o.threads = threads;
+  const bool decode = shape.T == 1;
+  const double peak = bench::bf16_peak_flops(threads);
+  const double dram = decode ? bench::dram_read_bandwidth(threads) : 0.0;
+  inputs.run(o);  // warm-up: pages, caches, the thread pool
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    inputs.run(o);
+    seconds += seconds_since(t0);
+  }
+  const double per_call = seconds / static_cast<double>(state.iterations());
+  const double flops = study::attention_flops(shape, causal);
+  state.counters["GFLOP/s"] = flops / per_call / 1e9;
+  state.counters["peak_GFLOP/s"] = peak / 1e9;
+  state.counters["pct_peak"] = 100.0 * flops / per_call / peak;
+  if (decode) {  // K and V are read once, 2 bytes per element
+    const double bytes = 2.0 * 2.0 * static_cast<double>(shape.B * shape.K * shape.S * shape.H);
+    state.counters["GB/s"] = bytes / per_call / 1e9;
+    state.counters["dram_GB/s"] = dram / 1e9;
+    state.counters["pct_dram"] = 100.0 * bytes / per_call / dram;
+  }
+  state.SetLabel(isa_name(active_isa()));
+}
+
+void register_attention(const std::string& name, study::Shape shape, bool causal, int threads) {
+  // Rough time of one call (compute at 3e11 FLOP/s per thread, K/V at 1e10 B/s), for ~0.3 s per repetition.
+  const double kv_bytes = 4.0 * static_cast<double>(shape.B * shape.K * shape.S * shape.H);
+  const double seconds = std::max(study::attention_flops(shape, causal) / 3e11 / threads, kv_bytes / 1e10);
+  const auto iterations = static_cast<benchmark::IterationCount>(std::max(1.0, 0.3 / seconds));
+  benchmark::RegisterBenchmark(name.c_str(), attention_bench, shape, causal, threads)
+      ->Iterations(iterations)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+void register_end_to_end() {
+  for (std::int64_t L : {1024, 2048, 4096, 8192})
+    for (int threads : {1, 2})
+      register_attention(
+          "flash/noncausal/T=S=" + std::to_string(L) + "/H=128/threads=" + std::to_string(threads),
+          {1, 8, 4, L, L, 128}, false, threads);
+  for (int threads : {1, 2})
+    register_attention("flash/causal/T=S=4096/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 4096, 4096, 128}, true, threads);
+  for (std::int64_t H : {64, 256})
+    for (int threads : {1, 2})
+      register_attention(
+          "flash/noncausal/T=S=4096/H=" + std::to_string(H) + "/threads=" + std::to_string(threads),
+          {1, 8, 4, 4096, 4096, H}, false, threads);
+  for (int threads : {1, 2})
+    register_attention("flash/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 1, 32768, 128}, false, threads);
+}
+
+// --- Kernels ------------------------------------------------------------------------------------------
+
+// One KV block (npad keys) against M rows of one task, as flash_fast.cpp runs it, with the packed
+// block in L2 and the tiles in L1: what the kernels reach before packing, threads and memory.
+struct KernelBench {
+  const FlashKernels& k;
+  std::int64_t Hp, npad, M, ob;
+  AlignedBuffer q, kp, vp, s, p, o, m, l, corr;
+  KernelBench(const FlashKernels& kern, std::int64_t H, std::int64_t n, std::int64_t rows)
+      : k(kern),
+        Hp(H),
+        npad(n),
+        M(rows / kern.mr * kern.mr),
+        ob(kern.operand_bytes),
+        q(static_cast<std::size_t>(M * Hp * ob)),
+        kp(static_cast<std::size_t>(npad * Hp * ob)),
+        vp(static_cast<std::size_t>(npad * Hp * ob)),
+        s(static_cast<std::size_t>(k.mr * npad * 4)),
+        p(static_cast<std::size_t>(k.mr * npad * ob)),
+        o(static_cast<std::size_t>(M * Hp * 4)),
+        m(static_cast<std::size_t>(M * 4)),
+        l(static_cast<std::size_t>(M * 4)),
+        corr(64 * 4) {
+    for (AlignedBuffer* b : {&q, &kp, &vp, &s, &p, &o, &l}) std::memset(b->data(), 0, b->bytes());
+    for (std::int64_t i = 0; i < M; ++i) m.as<float>()[i] = 0.0f;
+  }
+  void qk(std::int64_t r0) {
+    for (std::int64_t c = 0; c < npad; c += kPanelKeys)
+      k.qk_tile({s.as<float>() + c, npad, q.as<char>() + r0 * Hp * ob, Hp, kp.as<char>() + c * Hp * ob, Hp,
+                 1.0f, k.mr});
+  }
+  bool softmax(std::int64_t r0) {
+    return k.softmax_tile({s.as<float>(), npad, p.data(), npad, m.as<float>() + r0, l.as<float>() + r0,
+                           corr.as<float>(), nullptr, npad, k.mr, true});
+  }
+  void pv(std::int64_t r0, bool moved) {
+    for (std::int64_t c = 0; c < Hp; c += kHTile)
+      k.pv_tile({o.as<float>() + r0 * Hp + c, Hp, p.data(), npad, vp.as<char>() + c * npad * ob, npad,
+                 moved ? corr.as<float>() : nullptr, k.mr});
+  }
+};
+
+void kernel_bench(benchmark::State& state, int part) {
+  KernelBench kb(kernels_for(active_isa(), Precision::bf16), 128, 256, 240);
+  const double peak = bench::bf16_peak_flops(1);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::int64_t r0 = 0; r0 < kb.M; r0 += kb.k.mr) {
+      if (part == 0 || part == 3) kb.qk(r0);
+      bool moved = false;
+      if (part == 1 || part == 3) moved = kb.softmax(r0);
+      if (part == 2 || part == 3) kb.pv(r0, moved);
+    }
+    seconds += seconds_since(t0);
+  }
+  const double per_call = seconds / static_cast<double>(state.iterations());
+  const double logits = static_cast<double>(kb.M * kb.npad);
+  const double flops = (part == 3 ? 4.0 : 2.0) * logits * static_cast<double>(kb.Hp);
+  if (part == 1) {
+    state.counters["ns/logit"] = per_call / logits * 1e9;
+    // The softmax's time as a share of the matmul time of the same logits at the peak (H = 128).
+    state.counters["pct_of_matmul_at_peak"] = 100.0 * per_call / (logits * 4.0 * 128 / peak);
+  } else {
+    state.counters["GFLOP/s"] = flops / per_call / 1e9;
+    state.counters["pct_peak"] = 100.0 * flops / per_call / peak;
+  }
+  state.SetLabel(kb.k.name);
+}
+
+void register_kernels() {
+  const char* names[] = {"kernel/qk_tile/M=240/npad=256/H=128", "kernel/softmax_tile/M=240/npad=256",
+                         "kernel/pv_tile/M=240/npad=256/H=128", "kernel/block/M=240/npad=256/H=128"};
+  for (int part = 0; part < 4; ++part)
+    benchmark::RegisterBenchmark(names[part], kernel_bench, part)->MinTime(0.2)->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Default: 5 repetitions, aggregates only (explicit flags win: they come later on the command line).
+  std::vector<char*> args(argv, argv + argc);
+  std::string reps = "--benchmark_repetitions=5", aggr = "--benchmark_report_aggregates_only=true";
+  args.insert(args.begin() + 1, {reps.data(), aggr.data()});
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
+  benchmark::AddCustomContext("isa", isa_name(active_isa()));
+  register_kernels();
+  register_end_to_end();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,42 @@
+// Block sizes of the fast flash path: the seed's bq (query positions per block; a block holds those
+// positions for all G heads of one kv head, G*bq rows) and bkv (keys per KV block).
+//
+// Where the seed sizes blocks to fit VMEM, here they are sized to the caches, read at run time:
+//   - the packed K and V of one KV block (2 * bkv * Hp operands) are read once per register tile of
+//     rows, so they must stay in L2 next to the task's packed Q and fp32 O rows;
+//   - a row tile's logits and weights (MR * bkv * (4 + operand bytes)) are written and read back at
+//     once, so they should stay in L1 (except in decode, where a task is a single, small row tile).
+// See docs/performance.md for the measurements behind the constants.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+
+struct CacheSizes {
+  std::int64_t l1d = 32 * 1024;   // bytes per core
+  std::int64_t l2 = 1024 * 1024;  // bytes per core
+};
+
+// Read once (sysconf, then /sys/devices/system/cpu/cpu0/cache); the defaults above when unknown.
+const CacheSizes& cache_sizes();
+
+struct FlashBlocks {
+  std::int64_t bq = 0;   // query positions per block (G*bq rows), 1 <= bq <= max(T, 1)
+  std::int64_t bkv = 0;  // keys per KV block, >= 1
+};
+
+// Blocks for p on kernel set k: p.block_q / p.block_kv when set (nonzero), the cache-derived default
+// otherwise. Throws Error (argument, value, what is expected) for sizes whose per-thread workspace
+// would exceed kMaxWorkspaceBytes.
+FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k);
+FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k, const CacheSizes& caches);
+
+// Per-thread workspace of one task, in bytes, for the given blocks (what choose_flash_blocks bounds).
+std::int64_t flash_workspace_bytes(const Problem& p, const FlashKernels& k, const FlashBlocks& b);
+constexpr std::int64_t kMaxWorkspaceBytes = std::int64_t{1} << 30;
+
+}  // namespace flashgqa

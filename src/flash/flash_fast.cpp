@@ -1,0 +1,300 @@
+// Design (what moves where, and why):
+//
+// Work is split into tasks over (b, kv head, q block [, KV split]). A q block is bq query positions of
+// all G heads of one kv head: M = G*bq rows, ordered position-major (row = ti*G + g) so a register
+// tile of rows spans as few positions as possible and the causal diagonal cuts few tiles. Each task:
+//   1. packs its Q rows once (bf16-rounded, H zero padded to Hp): M x Hp, stays in L2;
+//   2. walks its KV range block by block. Each block of bkv keys is packed once per task into the
+//      layouts the micro-kernels read (K as panels of 32 keys, V in pairs along keys; see
+//      kernels/microkernels.hpp) and then serves every row tile of the task: G*bq rows reuse each
+//      K/V byte brought into cache, so DRAM/L3 traffic is (K+V) / (G*bq) per row;
+//   3. per row tile of MR rows: S = scale Q K^T (qk_tile, panel by panel, only the panels some row of
+//      the tile may see), the online softmax (softmax_tile: running max, P = exp(S - m) rounded to
+//      bf16, fp32 denominators, masking only where the diagonal or the block end cuts the tile),
+//      O = O * corr + P V (pv_tile, the rescale folded into the accumulator load, skipped when no
+//      max moved). S and P of a tile stay in L1; O rows stay in L2 for the whole task;
+//   4. writes out = O / l once in out's dtype, and lse = m + log l.
+// KV blocks entirely above the diagonal are never packed nor computed.
+//
+// Threads take tasks dynamically (largest first). When there are few tasks (small T, decode), each
+// q block's KV range is split into pieces whose partial (O, m, l) are merged by log-sum-exp in a fixed
+// order afterwards; the split count depends on the shapes only, so the result is bitwise the same for
+// any number of threads.
+#include "flash/flash_fast.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "flash/aligned_buffer.hpp"
+#include "flash/block_sizes.hpp"
+#include "kernels/microkernels.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace flashgqa {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Below this many (b, kv head, q block) tasks the KV ranges are split, aiming at this many tasks.
+// A constant, not the thread count: the split changes rounding, and results must not depend on threads.
+constexpr std::int64_t kMinTasks = 16;
+// A split covers at least this many KV blocks.
+constexpr std::int64_t kMinBlocksPerSplit = 2;
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1) / m; }
+
+struct Task {
+  std::int64_t b, kh, qb;
+  std::int64_t kv_begin, kv_end;  // keys [kv_begin, kv_end)
+  std::int64_t slot;              // partial-result slot, or -1: write the output directly
+  std::int64_t work;              // rows x keys, for scheduling only
+};
+
+struct Merge {
+  std::int64_t b, kh, qb, first_slot, count;
+};
+
+struct Plan {
+  const FlashKernels* kern = nullptr;
+  FlashBlocks blocks;
+  std::int64_t Hp = 0, M = 0, Mpad = 0, npad = 0;  // M: rows of a full q block
+  std::vector<Task> tasks;
+  std::vector<Merge> merges;
+  std::int64_t slots = 0;
+};
+
+// Keys query block qb may see at all: [0, kv_end).
+std::int64_t block_kv_end(const Problem& p, const FlashBlocks& bl, std::int64_t qb) {
+  const std::int64_t t_last = std::min(p.T, (qb + 1) * bl.bq) - 1;
+  return p.visible_keys(t_last);
+}
+
+Plan make_plan(const Problem& p, Isa isa) {
+  Plan plan;
+  plan.kern = &kernels_for(isa, p.precision);
+  plan.blocks = choose_flash_blocks(p, *plan.kern);
+  const FlashBlocks& bl = plan.blocks;
+  plan.Hp = round_up(p.H, kHTile);
+  plan.M = p.G * bl.bq;
+  plan.Mpad = round_up(plan.M, plan.kern->mr);
+  plan.npad = round_up(bl.bkv, kPanelKeys);
+  const std::int64_t nq = ceil_div(p.T, bl.bq);
+  const std::int64_t base_tasks = p.B * p.K * nq;
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t kh = 0; kh < p.K; ++kh)
+      for (std::int64_t qb = 0; qb < nq; ++qb) {
+        const std::int64_t kv_end = block_kv_end(p, bl, qb);
+        const std::int64_t nblocks = ceil_div(kv_end, bl.bkv);
+        const std::int64_t rows = p.G * (std::min(p.T, (qb + 1) * bl.bq) - qb * bl.bq);
+        std::int64_t nsplit = 1;
+        if (base_tasks < kMinTasks)
+          nsplit = std::clamp<std::int64_t>(ceil_div(kMinTasks, base_tasks), 1,
+                                            std::max<std::int64_t>(nblocks / kMinBlocksPerSplit, 1));
+        if (nsplit == 1) {
+          plan.tasks.push_back({b, kh, qb, 0, kv_end, -1, rows * kv_end});
+          continue;
+        }
+        plan.merges.push_back({b, kh, qb, plan.slots, nsplit});
+        for (std::int64_t i = 0; i < nsplit; ++i) {
+          const std::int64_t lo = nblocks * i / nsplit * bl.bkv;
+          const std::int64_t hi = std::min(kv_end, nblocks * (i + 1) / nsplit * bl.bkv);
+          plan.tasks.push_back({b, kh, qb, lo, hi, plan.slots++, rows * (hi - lo)});
+        }
+      }
+  // Largest first, so the dynamic schedule ends with small tasks (only the order of execution).
+  std::stable_sort(plan.tasks.begin(), plan.tasks.end(),
+                   [](const Task& x, const Task& y) { return x.work > y.work; });
+  return plan;
+}
+
+// One thread's buffers (64-byte aligned; leading dimensions are multiples of 64 bytes).
+struct Workspace {
+  AlignedBuffer q, o, m, l, k, v, s, p, corr, limit;
+  std::int64_t ldq = 0, ldo = 0, lds = 0, ldp = 0;
+
+  explicit Workspace(const Plan& plan) {
+    const std::int64_t ob = plan.kern->operand_bytes, mr = plan.kern->mr;
+    ldq = ldo = plan.Hp;
+    lds = ldp = plan.npad;
+    q.reset(static_cast<std::size_t>(plan.Mpad * ldq * ob));
+    o.reset(static_cast<std::size_t>(plan.Mpad * ldo * 4));
+    m.reset(static_cast<std::size_t>(plan.Mpad * 4));
+    l.reset(static_cast<std::size_t>(plan.Mpad * 4));
+    k.reset(static_cast<std::size_t>(plan.npad * plan.Hp * ob));
+    v.reset(static_cast<std::size_t>(plan.npad * plan.Hp * ob));
+    s.reset(static_cast<std::size_t>(mr * lds * 4));
+    p.reset(static_cast<std::size_t>(mr * ldp * ob));
+    corr.reset(static_cast<std::size_t>(mr * 4));
+    limit.reset(static_cast<std::size_t>(mr * 4));
+  }
+};
+
+// Partial results of split tasks: per slot O [Mpad][Hp], m [Mpad], l [Mpad].
+struct Partials {
+  AlignedBuffer o, m, l;
+  std::int64_t per_o = 0, per_row = 0;
+  Partials(const Plan& plan) : per_o(plan.Mpad * plan.Hp), per_row(plan.Mpad) {
+    o.reset(static_cast<std::size_t>(plan.slots * per_o * 4));
+    m.reset(static_cast<std::size_t>(plan.slots * per_row * 4));
+    l.reset(static_cast<std::size_t>(plan.slots * per_row * 4));
+  }
+};
+
+// Row r of a q block starting at position t0: position t0 + r / G, head r % G.
+struct RowMap {
+  std::int64_t G, t0;
+  std::int64_t t(std::int64_t r) const { return t0 + r / G; }
+  std::int64_t g(std::int64_t r) const { return r % G; }
+};
+
+void write_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
+               const float* o, float m, float l, std::vector<float>& tmp) {
+  const bool empty = p.visible_keys(t) == 0;
+  for (std::int64_t h = 0; h < p.H; ++h) tmp[static_cast<std::size_t>(h)] = empty ? 0.0f : o[h] / l;
+  store_row(p.out_row(b, kh, g, t), p.out_dtype, tmp.data(), p.H);
+  if (p.lse) *p.lse_at(b, kh, g, t) = empty ? kNegInf : m + std::log(l);
+}
+
+void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w, Partials* parts,
+              std::vector<float>& tmp) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t ob = kern.operand_bytes, mr = kern.mr, Hp = plan.Hp, G = p.G;
+  const std::int64_t bq = plan.blocks.bq, bkv = plan.blocks.bkv;
+  const std::int64_t t0 = task.qb * bq, nt = std::min(p.T, t0 + bq) - t0, M = G * nt;
+  const RowMap rows{G, t0};
+  const bool round = p.precision == Precision::bf16;
+  auto* q = w.q.as<char>();
+  auto* o = w.o.as<float>();
+  auto* m = w.m.as<float>();
+  auto* l = w.l.as<float>();
+  auto* limit = w.limit.as<std::int32_t>();
+
+  // Q rows, packed once per task; O, m, l initialised.
+  for (std::int64_t r = 0; r < M; ++r) {
+    const PackSource src{p.q_row(task.b, task.kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, round};
+    kern.pack_q_row(q + r * w.ldq * ob, src);
+  }
+  std::memset(o, 0, static_cast<std::size_t>(M * w.ldo) * sizeof(float));
+  std::fill(m, m + M, kNegInf);
+  std::fill(l, l + M, 0.0f);
+
+  for (std::int64_t s0 = task.kv_begin; s0 < task.kv_end; s0 += bkv) {
+    const std::int64_t n = std::min(bkv, task.kv_end - s0), npad = round_up(n, kPanelKeys);
+    // The block, packed once for all row tiles of the task.
+    kern.pack_k(w.k.data(), {p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2], n, p.H, Hp, round});
+    kern.pack_v(w.v.data(), {p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2], n, p.H, Hp, round});
+    for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
+      const int nr = static_cast<int>(std::min(mr, M - r0));
+      // Keys of this block the tile's rows may see: the first row sees fewest, the last most.
+      const std::int64_t lim_hi = std::clamp<std::int64_t>(p.visible_keys(rows.t(r0 + nr - 1)) - s0, 0, n);
+      if (lim_hi == 0) continue;  // above the diagonal: nothing to do for this tile
+      const std::int64_t lim_lo = std::clamp<std::int64_t>(p.visible_keys(rows.t(r0)) - s0, 0, n);
+      const std::int32_t* lim = nullptr;
+      if (lim_lo < npad) {  // the diagonal or the block end cuts the tile: mask per row
+        for (int i = 0; i < nr; ++i)
+          limit[i] =
+              static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_keys(rows.t(r0 + i)) - s0, 0, n));
+        lim = limit;
+      }
+      const std::int64_t nk = round_up(lim_hi, kPanelKeys), nkeys = round_up(lim_hi, 2);
+      float* s = w.s.as<float>();
+      // S = scale Q K^T over the panels some row may see.
+      for (std::int64_t c = 0; c < nk; c += kPanelKeys)
+        kern.qk_tile(
+            {s + c, w.lds, q + r0 * w.ldq * ob, w.ldq, w.k.as<char>() + c * Hp * ob, Hp, p.scale, nr});
+      // Running max, P = exp(S - m) (bf16), l = l corr + sum P.
+      const bool moved = kern.softmax_tile(
+          {s, w.lds, w.p.data(), w.ldp, m + r0, l + r0, w.corr.as<float>(), lim, nk, nr, round});
+      // O = O corr + P V, one h tile at a time (the rescale only when some row's max moved).
+      for (std::int64_t c = 0; c < Hp; c += kHTile)
+        kern.pv_tile({o + r0 * w.ldo + c, w.ldo, w.p.data(), w.ldp, w.v.as<char>() + c * npad * ob, nkeys,
+                      moved ? w.corr.as<float>() : nullptr, nr});
+    }
+  }
+
+  if (task.slot < 0) {
+    for (std::int64_t r = 0; r < M; ++r)
+      write_row(p, task.b, task.kh, rows.g(r), rows.t(r), o + r * w.ldo, m[r], l[r], tmp);
+    return;
+  }
+  float* po = parts->o.as<float>() + task.slot * parts->per_o;
+  std::memcpy(po, o, static_cast<std::size_t>(M * w.ldo) * sizeof(float));
+  std::memcpy(parts->m.as<float>() + task.slot * parts->per_row, m, static_cast<std::size_t>(M) * 4);
+  std::memcpy(parts->l.as<float>() + task.slot * parts->per_row, l, static_cast<std::size_t>(M) * 4);
+}
+
+// Combines the partial (O, m, l) of a split q block in slot order:
+// m = max_i m_i, l = sum_i l_i e^(m_i - m), O = sum_i O_i e^(m_i - m).
+void merge_splits(const Problem& p, const Plan& plan, const Merge& mg, const Partials& parts,
+                  std::vector<float>& tmp) {
+  const std::int64_t t0 = mg.qb * plan.blocks.bq;
+  const std::int64_t M = p.G * (std::min(p.T, t0 + plan.blocks.bq) - t0);
+  const RowMap rows{p.G, t0};
+  std::vector<float> acc(static_cast<std::size_t>(p.H));
+  for (std::int64_t r = 0; r < M; ++r) {
+    float m = kNegInf;
+    for (std::int64_t i = 0; i < mg.count; ++i) {
+      const float mi = parts.m.as<float>()[(mg.first_slot + i) * parts.per_row + r];
+      if (mi > m || std::isnan(mi)) m = mi;
+    }
+    const float m_use = m == kNegInf ? 0.0f : m;
+    float l = 0.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int64_t i = 0; i < mg.count; ++i) {
+      const std::int64_t slot = mg.first_slot + i;
+      const float f = std::exp(parts.m.as<float>()[slot * parts.per_row + r] - m_use);
+      l += parts.l.as<float>()[slot * parts.per_row + r] * f;
+      const float* oi = parts.o.as<float>() + slot * parts.per_o + r * plan.Hp;
+      for (std::int64_t h = 0; h < p.H; ++h) acc[static_cast<std::size_t>(h)] += oi[h] * f;
+    }
+    write_row(p, mg.b, mg.kh, rows.g(r), rows.t(r), acc.data(), m, l, tmp);
+  }
+}
+
+}  // namespace
+
+void flash_attention_fast(const Problem& p, Isa isa) {
+  if (p.B == 0 || p.T == 0) return;
+  const Plan plan = make_plan(p, isa);
+  const std::int64_t ntasks = static_cast<std::int64_t>(plan.tasks.size());
+  const int nthreads =
+      static_cast<int>(std::clamp<std::int64_t>(p.threads, 1, std::max<std::int64_t>(ntasks, 1)));
+  Partials parts(plan);
+  std::vector<Workspace> spaces;  // allocated here, so a failed allocation throws to the caller
+  spaces.reserve(static_cast<std::size_t>(nthreads));
+  for (int i = 0; i < nthreads; ++i) spaces.emplace_back(plan);
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef _OPENMP
+    Workspace& w = spaces[static_cast<std::size_t>(omp_get_thread_num())];
+#else
+    Workspace& w = spaces[0];
+#endif
+    std::vector<float> tmp(static_cast<std::size_t>(p.H));
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t i = 0; i < ntasks; ++i)
+      run_task(p, plan, plan.tasks[static_cast<std::size_t>(i)], w, &parts, tmp);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(plan.merges.size()); ++i)
+      merge_splits(p, plan, plan.merges[static_cast<std::size_t>(i)], parts, tmp);
+  }
+}
+
+void flash_attention_fast(const Problem& p) { flash_attention_fast(p, active_isa()); }
+
+int flash_max_kv_splits(const Problem& p, Isa isa) {
+  if (p.B == 0 || p.T == 0) return 1;
+  const Plan plan = make_plan(p, isa);
+  std::int64_t most = 1;
+  for (const Merge& mg : plan.merges) most = std::max(most, mg.count);
+  return static_cast<int>(most);
+}
+
+}  // namespace flashgqa

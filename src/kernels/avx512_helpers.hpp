@@ -1,0 +1,180 @@
+// AVX-512 helpers shared by kernels_avx512f.cpp and kernels_avx512bf16.cpp: loads that convert any
+// input dtype, exact bf16 rounding, the 16x16 transpose the K packing uses, the vector exp.
+//
+// Include ONLY from translation units compiled with -mavx512f -mavx512bw -mavx512vl: everything here
+// is in an anonymous namespace, so each unit gets its own copy and no AVX-512 code can be linked into
+// a portable caller. No standard-library templates are used for the same reason.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/exp_poly.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+inline __mmask16 first_lanes16(std::int64_t n) {
+  return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+}
+
+// 16 values src[h0 .. h0+16) as fp32, lanes at or beyond H zero.
+inline __m512 load16_f32(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
+  const __mmask16 m = first_lanes16(H - h0);
+  switch (dtype) {
+    case DType::f32: return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + h0);
+    case DType::bf16: {
+      const __m256i b = _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    }
+    case DType::f16: {
+      const __m256i b = _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
+      return _mm512_cvtph_ps(b);
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+// x rounded to nearest even bf16, as 32-bit lanes whose high half holds the bf16 bits (low half 0);
+// NaN becomes a quiet NaN. Identical to float_to_bf16_bits in core/dtype.hpp, subnormals included.
+inline __m512i round_bf16_hi(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+}
+
+// The operand value as fp32 (rounded to bf16 when asked).
+inline __m512 load16_operand(const void* row, const PackSource& s, std::int64_t h0) {
+  const __m512 x = load16_f32(row, s.dtype, h0, s.H);
+  return s.round_bf16 ? _mm512_castsi512_ps(round_bf16_hi(x)) : x;
+}
+
+// 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).
+inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
+  if (dtype == DType::bf16) {
+    const std::int64_t n = H - h0;
+    const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
+    return _mm512_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
+  }
+  const __m512i lo = _mm512_srli_epi32(round_bf16_hi(load16_f32(row, dtype, h0, H)), 16);
+  const __m512i hi = _mm512_srli_epi32(round_bf16_hi(load16_f32(row, dtype, h0 + 16, H)), 16);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+}
+
+// In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i.
+inline void transpose16x16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // r[4g + c]: rows 4g..4g+3 of column 4L + c in 128-bit lane L
+    r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+    const __m512i y = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+    const __m512i z = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512i w = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+    t[c] = _mm512_shuffle_i32x4(x, z, 0x88);
+    t[4 + c] = _mm512_shuffle_i32x4(x, z, 0xdd);
+    t[8 + c] = _mm512_shuffle_i32x4(y, w, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(y, w, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// 2^x, the polynomial of exp_poly.hpp: f = x - floor(x) (vreduceps, round-down mode), P(f), and
+// vscalefps multiplies by 2^floor(x). x = -inf gives f = 0 and 2^-inf = 0; NaN stays NaN; overflow
+// gives +inf and deep underflow 0, with no clamping.
+inline __m512 exp2_poly(__m512 x) {
+  using namespace exp_poly;
+  const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p = _mm512_set1_ps(kC5);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kC4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kC3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kC1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, x);
+}
+
+inline void exp_n(float* dst, const float* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first_lanes16(n - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+    _mm512_mask_storeu_ps(dst + i, m, exp2_poly(_mm512_mul_ps(x, _mm512_set1_ps(exp_poly::kLog2e))));
+  }
+}
+
+inline const void* key_row(const PackSource& s, std::int64_t j) {
+  const std::int64_t esize = s.dtype == DType::f32 ? 4 : 2;
+  return static_cast<const char*>(s.src) + j * s.ld * esize;
+}
+
+inline std::int64_t padded_keys(std::int64_t n) { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
+
+// corr[r] = exp(m_old[r] - m_use[r]) for r < rows (<= 16), vectorised; returns whether any != 1.
+inline bool rescale_factors(float* corr, const float* m_old, const float* m_use, int rows) {
+  const __mmask16 m = first_lanes16(rows);
+  const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, m_old), _mm512_maskz_loadu_ps(m, m_use));
+  const __m512 c = exp2_poly(_mm512_mul_ps(d, _mm512_set1_ps(exp_poly::kLog2e)));
+  _mm512_mask_storeu_ps(corr, m, c);
+  // NEQ_UQ: true for NaN too, so a NaN factor forces the rescale that spreads it.
+  return _mm512_mask_cmp_ps_mask(m, c, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+}
+
+// softmax_tile (contract in microkernels.hpp) for 16-lane vectors; write_p(p_row, j, e0, e1) stores
+// the weights of keys j..j+31 (e0: j..j+15, e1: j+16..j+31) in the set's operand type.
+template <bool kMasked, typename WriteP>
+bool softmax_rows(const SoftmaxTile& t, WriteP write_p) {
+  float m_old[16], m_use[16], sums[16];
+  const __m512 log2e = _mm512_set1_ps(exp_poly::kLog2e);
+  for (int r = 0; r < t.rows; ++r) {
+    const float* s = t.s + r * t.lds;
+    const std::int64_t lim = kMasked ? t.limit[r] : t.n;
+    // Running max over the unmasked keys.
+    __m512 mx = _mm512_set1_ps(-__builtin_inff());
+    for (std::int64_t j = 0; j < lim; j += 16) {
+      if (kMasked)
+        mx = _mm512_mask_max_ps(mx, first_lanes16(lim - j), mx, _mm512_load_ps(s + j));
+      else
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + j));
+    }
+    const float mb = _mm512_reduce_max_ps(mx);
+    m_old[r] = t.m[r];
+    const float mn = m_old[r] > mb ? m_old[r] : mb;
+    t.m[r] = mn;
+    m_use[r] = mn == -__builtin_inff() ? 0.0f : mn;
+    // P = exp(s - m) = 2^(s log2e - m log2e); masked keys exactly 0; the sum before rounding.
+    const __m512 neg_m = _mm512_set1_ps(-m_use[r] * exp_poly::kLog2e);
+    __m512 sum = _mm512_setzero_ps();
+    const std::int64_t jend = kMasked ? (lim + 31) / 32 * 32 : t.n;
+    for (std::int64_t j = 0; j < jend; j += 32) {
+      __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_load_ps(s + j), log2e, neg_m));
+      __m512 e1 = exp2_poly(_mm512_fmadd_ps(_mm512_load_ps(s + j + 16), log2e, neg_m));
+      if (kMasked) {
+        e0 = _mm512_maskz_mov_ps(first_lanes16(lim - j), e0);
+        e1 = _mm512_maskz_mov_ps(first_lanes16(lim - j - 16), e1);
+      }
+      sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+      write_p(r, j, e0, e1);
+    }
+    for (std::int64_t j = jend; j < t.n; j += 32) write_p(r, j, _mm512_setzero_ps(), _mm512_setzero_ps());
+    sums[r] = _mm512_reduce_add_ps(sum);
+  }
+  const bool moved = rescale_factors(t.corr, m_old, m_use, t.rows);
+  for (int r = 0; r < t.rows; ++r) t.l[r] = t.l[r] * t.corr[r] + sums[r];
+  return moved;
+}
+
+}  // namespace
+}  // namespace flashgqa

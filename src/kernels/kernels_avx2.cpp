@@ -1,0 +1,325 @@
+// The AVX2 + FMA kernel set (fp32 operand family, contract in microkernels.hpp), for x86-64 CPUs
+// without AVX-512. Compiled with -mavx2 -mfma -mf16c (CMakeLists.txt, this file only).
+//
+// Register tile 6 x 32, computed as two 6 x 16 halves: 12 ymm accumulators + 2 panel vectors + 1
+// broadcast fit the 16 ymm registers; per reduction step 2 loads and 6 broadcasts feed 12 FMAs.
+// Everything is in an anonymous namespace and no standard-library templates are instantiated, so no
+// AVX2 code can be linked into a portable caller.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/exp_poly.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr int kMR = 6;
+
+// 8 values row[h0 .. h0+8) as fp32, zero at or beyond H.
+__m256 load8_f32(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
+  const std::int64_t n = H - h0;
+  if (n >= 8) {
+    switch (dtype) {
+      case DType::f32: return _mm256_loadu_ps(static_cast<const float*>(row) + h0);
+      case DType::bf16: {
+        const __m128i b =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+      }
+      case DType::f16:
+        return _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0)));
+    }
+  }
+  // Tail: copy the valid elements into a zeroed buffer first.
+  alignas(32) std::uint32_t buf32[8] = {};
+  alignas(16) std::uint16_t buf16[8] = {};
+  for (std::int64_t i = 0; i < n && i < 8; ++i) {
+    if (dtype == DType::f32)
+      buf32[i] = static_cast<const std::uint32_t*>(row)[h0 + i];
+    else
+      buf16[i] = static_cast<const std::uint16_t*>(row)[h0 + i];
+  }
+  if (dtype == DType::f32) return _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(buf32)));
+  return load8_f32(buf16, dtype, 0, 8);
+}
+
+// x rounded to nearest even bf16 (as fp32), NaN quieted: identical to round_to_bf16.
+__m256 round_bf16(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan);
+}
+
+__m256 load8_operand(const void* row, const PackSource& s, std::int64_t h0) {
+  const __m256 x = load8_f32(row, s.dtype, h0, s.H);
+  return s.round_bf16 ? round_bf16(x) : x;
+}
+
+// 2^x with the polynomial of exp_poly.hpp: n = floor(x), f = x - n in [0, 1), P(f) * 2^n with 2^n
+// applied as two exact power-of-two factors (n in [-150, 129] after clamping; NaN passes the clamps).
+__m256 exp2_poly(__m256 x) {
+  using namespace exp_poly;
+  x = _mm256_max_ps(_mm256_set1_ps(kMinExp2), x);  // NaN passes (second operand)
+  x = _mm256_min_ps(_mm256_set1_ps(kMaxExp2), x);
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(kC5);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+void exp_n(float* dst, const float* src, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     exp2_poly(_mm256_mul_ps(_mm256_loadu_ps(src + i), _mm256_set1_ps(exp_poly::kLog2e))));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    for (std::int64_t k = i; k < n; ++k) buf[k - i] = src[k];
+    _mm256_store_ps(buf, exp2_poly(_mm256_mul_ps(_mm256_load_ps(buf), _mm256_set1_ps(exp_poly::kLog2e))));
+    for (std::int64_t k = i; k < n; ++k) dst[k] = buf[k - i];
+  }
+}
+
+float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// Lanes j0 + i < lim as an all-ones mask.
+__m256 lanes_below(std::int64_t j0, std::int64_t lim) {
+  const __m256i idx =
+      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j0)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const std::int64_t clamped = lim < j0 ? j0 : lim > j0 + 8 ? j0 + 8 : lim;
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(clamped)), idx));
+}
+
+// acc[r][0..1] += sum_{i<n} a[r][i] * b[i][c0 .. c0+16), b rows of 32.
+template <int R>
+inline void dot_rows_half(__m256 (&acc)[R][2], const float* a, std::int64_t lda, const float* b,
+                          std::int64_t n) {
+  const float* arow[R];
+  for (int r = 0; r < R; ++r) arow[r] = a + r * lda;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const __m256 b0 = _mm256_load_ps(b + 32 * i);
+    const __m256 b1 = _mm256_load_ps(b + 32 * i + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(arow[r] + i);
+      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+}
+
+template <int R>
+void qk_rows(const QkTile& t) {
+  const __m256 scale = _mm256_set1_ps(t.scale);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    dot_rows_half<R>(acc, static_cast<const float*>(t.q), t.ldq, static_cast<const float*>(t.k) + 16 * half,
+                     t.Hp);
+    for (int r = 0; r < R; ++r) {
+      float* s = t.s + r * t.lds + 16 * half;
+      _mm256_store_ps(s, _mm256_mul_ps(acc[r][0], scale));
+      _mm256_store_ps(s + 8, _mm256_mul_ps(acc[r][1], scale));
+    }
+  }
+}
+
+template <int R>
+void pv_rows(const PvTile& t) {
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) {
+      const float* o = t.o + r * t.ldo + 16 * half;
+      acc[r][0] = _mm256_load_ps(o);
+      acc[r][1] = _mm256_load_ps(o + 8);
+      if (t.corr) {
+        const __m256 c = _mm256_set1_ps(t.corr[r]);
+        acc[r][0] = _mm256_mul_ps(acc[r][0], c);
+        acc[r][1] = _mm256_mul_ps(acc[r][1], c);
+      }
+    }
+    dot_rows_half<R>(acc, static_cast<const float*>(t.p), t.ldp, static_cast<const float*>(t.v) + 16 * half,
+                     t.nkeys);
+    for (int r = 0; r < R; ++r) {
+      float* o = t.o + r * t.ldo + 16 * half;
+      _mm256_store_ps(o, acc[r][0]);
+      _mm256_store_ps(o + 8, acc[r][1]);
+    }
+  }
+}
+
+void qk_tile_6x32(const QkTile& t) {
+  switch (t.rows) {
+    case 1: return qk_rows<1>(t);
+    case 2: return qk_rows<2>(t);
+    case 3: return qk_rows<3>(t);
+    case 4: return qk_rows<4>(t);
+    case 5: return qk_rows<5>(t);
+    default: return qk_rows<6>(t);
+  }
+}
+
+void pv_tile_6x32(const PvTile& t) {
+  switch (t.rows) {
+    case 1: return pv_rows<1>(t);
+    case 2: return pv_rows<2>(t);
+    case 3: return pv_rows<3>(t);
+    case 4: return pv_rows<4>(t);
+    case 5: return pv_rows<5>(t);
+    default: return pv_rows<6>(t);
+  }
+}
+
+bool softmax_tile(const SoftmaxTile& t) {
+  const __m256 log2e = _mm256_set1_ps(exp_poly::kLog2e);
+  const float neg_inf = -__builtin_inff();
+  alignas(32) float m_old[8] = {}, m_use[8] = {}, sums[8] = {};
+  for (int r = 0; r < t.rows; ++r) {
+    const float* s = t.s + r * t.lds;
+    float* p = static_cast<float*>(t.p) + r * t.ldp;
+    const std::int64_t lim = t.limit ? t.limit[r] : t.n;
+    __m256 mx = _mm256_set1_ps(neg_inf);
+    for (std::int64_t j = 0; j < lim; j += 8) {
+      __m256 x = _mm256_load_ps(s + j);
+      if (j + 8 > lim) x = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), x, lanes_below(j, lim));
+      mx = _mm256_max_ps(mx, x);
+    }
+    const float mb = hmax(mx);
+    m_old[r] = t.m[r];
+    const float mn = m_old[r] > mb ? m_old[r] : mb;
+    t.m[r] = mn;
+    m_use[r] = mn == neg_inf ? 0.0f : mn;
+    const __m256 neg_m = _mm256_set1_ps(-m_use[r] * exp_poly::kLog2e);
+    __m256 sum = _mm256_setzero_ps();
+    for (std::int64_t j = 0; j < t.n; j += 8) {
+      __m256 e = _mm256_setzero_ps();
+      if (j < lim) {
+        e = exp2_poly(_mm256_fmadd_ps(_mm256_load_ps(s + j), log2e, neg_m));
+        if (j + 8 > lim) e = _mm256_and_ps(e, lanes_below(j, lim));
+        sum = _mm256_add_ps(sum, e);
+        if (t.round_p) e = round_bf16(e);
+      }
+      _mm256_store_ps(p + j, e);
+    }
+    sums[r] = hsum(sum);
+  }
+  bool moved = false;
+  const __m256 c =
+      exp2_poly(_mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(m_old), _mm256_load_ps(m_use)), log2e));
+  alignas(32) float corr[8];
+  _mm256_store_ps(corr, c);
+  for (int r = 0; r < t.rows; ++r) {
+    t.corr[r] = corr[r];
+    t.l[r] = t.l[r] * corr[r] + sums[r];
+    moved |= !(corr[r] == 1.0f);
+  }
+  return moved;
+}
+
+const void* key_row(const PackSource& s, std::int64_t j) {
+  const std::int64_t esize = s.dtype == DType::f32 ? 4 : 2;
+  return static_cast<const char*>(s.src) + j * s.ld * esize;
+}
+
+std::int64_t padded_keys(std::int64_t n) { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
+
+void pack_q_row(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  for (std::int64_t h = 0; h < s.Hp; h += 8) _mm256_store_ps(d + h, load8_operand(s.src, s, h));
+}
+
+// 8x8 transpose of fp32.
+void transpose8x8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+// K panels [Hp][32]: per 8 keys and 8 h, load and transpose.
+void pack_k(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  for (std::int64_t j0 = 0; j0 < npad; j0 += 8) {
+    float* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + j0 % kPanelKeys;
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = j0 + i < s.n ? load8_operand(key_row(s, j0 + i), s, h0) : _mm256_setzero_ps();
+      transpose8x8(r);
+      for (int i = 0; i < 8; ++i) _mm256_store_ps(panel + (h0 + i) * kPanelKeys, r[i]);
+    }
+  }
+}
+
+void pack_v(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  for (std::int64_t j = 0; j < npad; ++j) {
+    const bool valid = j < s.n;
+    const void* row = valid ? key_row(s, j) : nullptr;
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 8) {
+      float* out = d + (h0 / kHTile) * npad * kHTile + j * kHTile + h0 % kHTile;
+      _mm256_store_ps(out, valid ? load8_operand(row, s, h0) : _mm256_setzero_ps());
+    }
+  }
+}
+
+}  // namespace
+
+const FlashKernels& avx2_kernels() {
+  static const FlashKernels k{.name = "avx2",
+                              .operand_bytes = 4,
+                              .mr = kMR,
+                              .qk_tile = qk_tile_6x32,
+                              .pv_tile = pv_tile_6x32,
+                              .softmax_tile = softmax_tile,
+                              .exp_n = exp_n,
+                              .pack_q_row = pack_q_row,
+                              .pack_k = pack_k,
+                              .pack_v = pack_v};
+  return k;
+}
+
+}  // namespace flashgqa

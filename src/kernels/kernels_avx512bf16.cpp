@@ -1,0 +1,173 @@
+// The AVX512_BF16 kernel set (bf16-pair operand family, contract in microkernels.hpp).
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c (CMakeLists.txt,
+// this file only).
+//
+// Register tile 12 x 32: 24 zmm accumulators, each `vdpbf16ps` multiplies a broadcast word of the row
+// operand (two bf16 along the reduction dimension) with one zmm of the packed panel (the same two
+// positions for 16 columns) and adds both products to 16 fp32 lanes: 32 multiply-adds per instruction.
+// Per reduction step (one word): 2 panel loads + 12 broadcasts feed 24 vdpbf16ps, so every loaded
+// panel vector is used 12 times from registers and the loads stay under one per cycle.
+// qk_tile and pv_tile are the same loop: (Q, K panel) and (P, V panel) are both "row words x panel".
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/avx512_helpers.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr int kMR = 12;
+using word_t = std::uint32_t __attribute__((may_alias));
+
+// acc[r][0..1] += sum_{w < nwords} a[r][w] (two bf16) . b[w][0..32) (two bf16 per column).
+template <int R>
+inline void dot_pairs_rows(__m512 (&acc)[R][2], const word_t* a, std::int64_t lda_words,
+                           const std::uint16_t* b, std::int64_t nwords) {
+  const word_t* arow[R];
+  for (int r = 0; r < R; ++r) arow[r] = a + r * lda_words;
+  for (std::int64_t w = 0; w < nwords; ++w) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b + 64 * w);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 64 * w + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(arow[r][w]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+    }
+  }
+}
+
+template <int R>
+void qk_rows(const QkTile& t) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  dot_pairs_rows<R>(acc, static_cast<const word_t*>(t.q), t.ldq / 2, static_cast<const std::uint16_t*>(t.k),
+                    t.Hp / 2);
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(t.s + r * t.lds, _mm512_mul_ps(acc[r][0], scale));
+    _mm512_store_ps(t.s + r * t.lds + 16, _mm512_mul_ps(acc[r][1], scale));
+  }
+}
+
+template <int R>
+void pv_rows(const PvTile& t) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_load_ps(t.o + r * t.ldo);
+    acc[r][1] = _mm512_load_ps(t.o + r * t.ldo + 16);
+    if (t.corr) {
+      const __m512 c = _mm512_set1_ps(t.corr[r]);
+      acc[r][0] = _mm512_mul_ps(acc[r][0], c);
+      acc[r][1] = _mm512_mul_ps(acc[r][1], c);
+    }
+  }
+  dot_pairs_rows<R>(acc, static_cast<const word_t*>(t.p), t.ldp / 2, static_cast<const std::uint16_t*>(t.v),
+                    t.nkeys / 2);
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(t.o + r * t.ldo, acc[r][0]);
+    _mm512_store_ps(t.o + r * t.ldo + 16, acc[r][1]);
+  }
+}
+
+void qk_tile_12x32(const QkTile& t) {
+  switch (t.rows) {
+    case 1: return qk_rows<1>(t);
+    case 2: return qk_rows<2>(t);
+    case 3: return qk_rows<3>(t);
+    case 4: return qk_rows<4>(t);
+    case 5: return qk_rows<5>(t);
+    case 6: return qk_rows<6>(t);
+    case 7: return qk_rows<7>(t);
+    case 8: return qk_rows<8>(t);
+    case 9: return qk_rows<9>(t);
+    case 10: return qk_rows<10>(t);
+    case 11: return qk_rows<11>(t);
+    default: return qk_rows<12>(t);
+  }
+}
+
+void pv_tile_12x32(const PvTile& t) {
+  switch (t.rows) {
+    case 1: return pv_rows<1>(t);
+    case 2: return pv_rows<2>(t);
+    case 3: return pv_rows<3>(t);
+    case 4: return pv_rows<4>(t);
+    case 5: return pv_rows<5>(t);
+    case 6: return pv_rows<6>(t);
+    case 7: return pv_rows<7>(t);
+    case 8: return pv_rows<8>(t);
+    case 9: return pv_rows<9>(t);
+    case 10: return pv_rows<10>(t);
+    case 11: return pv_rows<11>(t);
+    default: return pv_rows<12>(t);
+  }
+}
+
+// P as bf16: keys j..j+31 of row r, one zmm, pairs along keys are words.
+bool softmax_tile(const SoftmaxTile& t) {
+  auto write = [&t](int r, std::int64_t j, __m512 e0, __m512 e1) {
+    auto* p = static_cast<std::uint16_t*>(t.p) + r * t.ldp + j;
+    _mm512_store_si512(p, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+  };
+  return t.limit ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+}
+
+void pack_q_row(void* dst, const PackSource& s) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  for (std::int64_t h = 0; h < s.Hp; h += 32) _mm512_store_si512(d + h, load32_bf16(s.src, s.dtype, h, s.H));
+}
+
+// K panels [Hp/2][32][2]: per 16 keys and 16 words (32 h), load the 16 rows, transpose 16x16 words.
+void pack_k(void* dst, const PackSource& s) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
+    std::uint16_t* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + 2 * (j0 % kPanelKeys);
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 32) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < s.n ? load32_bf16(key_row(s, j0 + i), s.dtype, h0, s.H) : _mm512_setzero_si512();
+      transpose16x16_epi32(r);  // r[w]: word h0/2 + w of the 16 keys
+      for (int w = 0; w < 16; ++w) _mm512_store_si512(panel + (h0 / 2 + w) * 2 * kPanelKeys, r[w]);
+    }
+  }
+}
+
+// V panels [npad/2][32][2] per h tile: rows 2i and 2i+1 interleaved along keys.
+void pack_v(void* dst, const PackSource& s) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                          38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (std::int64_t j = 0; j < npad; j += 2) {
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
+      const __m512i a = j < s.n ? load32_bf16(key_row(s, j), s.dtype, h0, s.H) : _mm512_setzero_si512();
+      const __m512i b =
+          j + 1 < s.n ? load32_bf16(key_row(s, j + 1), s.dtype, h0, s.H) : _mm512_setzero_si512();
+      std::uint16_t* out = d + (h0 / kHTile) * npad * kHTile + j * kHTile;
+      _mm512_store_si512(out, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_store_si512(out + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+}
+
+}  // namespace
+
+const FlashKernels& avx512bf16_kernels() {
+  static const FlashKernels k{.name = "avx512bf16",
+                              .operand_bytes = 2,
+                              .mr = kMR,
+                              .qk_tile = qk_tile_12x32,
+                              .pv_tile = pv_tile_12x32,
+                              .softmax_tile = softmax_tile,
+                              .exp_n = exp_n,
+                              .pack_q_row = pack_q_row,
+                              .pack_k = pack_k,
+                              .pack_v = pack_v};
+  return k;
+}
+
+}  // namespace flashgqa

@@ -1,0 +1,170 @@
+// The AVX-512F kernel set (fp32 operand family, contract in microkernels.hpp): for CPUs with AVX-512
+// but no AVX512_BF16, and for Precision::f32 on every AVX-512 CPU.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c (CMakeLists.txt, this file
+// only).
+//
+// Register tile 12 x 32: 24 zmm accumulators; per reduction step 2 panel loads feed 24 FMAs whose
+// row operand is an embedded broadcast from memory. Operands were widened to fp32 (bf16-rounded under
+// Precision::bf16) when packed, so the inner loop is pure FMA: half the multiply-adds of vdpbf16ps per
+// instruction, the same fp32 accumulation.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/avx512_helpers.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr int kMR = 12;
+
+// acc[r][0..1] += sum_{i < n} a[r][i] * b[i][0..32).
+template <int R>
+inline void dot_rows(__m512 (&acc)[R][2], const float* a, std::int64_t lda, const float* b, std::int64_t n) {
+  const float* arow[R];
+  for (int r = 0; r < R; ++r) arow[r] = a + r * lda;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const __m512 b0 = _mm512_load_ps(b + 32 * i);
+    const __m512 b1 = _mm512_load_ps(b + 32 * i + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(arow[r][i]);
+      acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+    }
+  }
+}
+
+template <int R>
+void qk_rows(const QkTile& t) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  dot_rows<R>(acc, static_cast<const float*>(t.q), t.ldq, static_cast<const float*>(t.k), t.Hp);
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(t.s + r * t.lds, _mm512_mul_ps(acc[r][0], scale));
+    _mm512_store_ps(t.s + r * t.lds + 16, _mm512_mul_ps(acc[r][1], scale));
+  }
+}
+
+template <int R>
+void pv_rows(const PvTile& t) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_load_ps(t.o + r * t.ldo);
+    acc[r][1] = _mm512_load_ps(t.o + r * t.ldo + 16);
+    if (t.corr) {
+      const __m512 c = _mm512_set1_ps(t.corr[r]);
+      acc[r][0] = _mm512_mul_ps(acc[r][0], c);
+      acc[r][1] = _mm512_mul_ps(acc[r][1], c);
+    }
+  }
+  dot_rows<R>(acc, static_cast<const float*>(t.p), t.ldp, static_cast<const float*>(t.v), t.nkeys);
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(t.o + r * t.ldo, acc[r][0]);
+    _mm512_store_ps(t.o + r * t.ldo + 16, acc[r][1]);
+  }
+}
+
+void qk_tile_12x32(const QkTile& t) {
+  switch (t.rows) {
+    case 1: return qk_rows<1>(t);
+    case 2: return qk_rows<2>(t);
+    case 3: return qk_rows<3>(t);
+    case 4: return qk_rows<4>(t);
+    case 5: return qk_rows<5>(t);
+    case 6: return qk_rows<6>(t);
+    case 7: return qk_rows<7>(t);
+    case 8: return qk_rows<8>(t);
+    case 9: return qk_rows<9>(t);
+    case 10: return qk_rows<10>(t);
+    case 11: return qk_rows<11>(t);
+    default: return qk_rows<12>(t);
+  }
+}
+
+void pv_tile_12x32(const PvTile& t) {
+  switch (t.rows) {
+    case 1: return pv_rows<1>(t);
+    case 2: return pv_rows<2>(t);
+    case 3: return pv_rows<3>(t);
+    case 4: return pv_rows<4>(t);
+    case 5: return pv_rows<5>(t);
+    case 6: return pv_rows<6>(t);
+    case 7: return pv_rows<7>(t);
+    case 8: return pv_rows<8>(t);
+    case 9: return pv_rows<9>(t);
+    case 10: return pv_rows<10>(t);
+    case 11: return pv_rows<11>(t);
+    default: return pv_rows<12>(t);
+  }
+}
+
+// P as fp32, rounded to bf16 under Precision::bf16.
+bool softmax_tile(const SoftmaxTile& t) {
+  auto write = [&t](int r, std::int64_t j, __m512 e0, __m512 e1) {
+    float* p = static_cast<float*>(t.p) + r * t.ldp + j;
+    if (t.round_p) {
+      e0 = _mm512_castsi512_ps(round_bf16_hi(e0));
+      e1 = _mm512_castsi512_ps(round_bf16_hi(e1));
+    }
+    _mm512_store_ps(p, e0);
+    _mm512_store_ps(p + 16, e1);
+  };
+  return t.limit ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+}
+
+void pack_q_row(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  for (std::int64_t h = 0; h < s.Hp; h += 16) _mm512_store_ps(d + h, load16_operand(s.src, s, h));
+}
+
+// K panels [Hp][32]: per 16 keys and 16 h, load the 16 rows and transpose.
+void pack_k(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
+    float* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + j0 % kPanelKeys;
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < s.n ? _mm512_castps_si512(load16_operand(key_row(s, j0 + i), s, h0))
+                            : _mm512_setzero_si512();
+      transpose16x16_epi32(r);  // r[i]: h0 + i of the 16 keys
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(panel + (h0 + i) * kPanelKeys, r[i]);
+    }
+  }
+}
+
+// V panels [npad][32] per h tile.
+void pack_v(void* dst, const PackSource& s) {
+  auto* d = static_cast<float*>(dst);
+  const std::int64_t npad = padded_keys(s.n);
+  for (std::int64_t j = 0; j < npad; ++j) {
+    const bool valid = j < s.n;
+    const void* row = valid ? key_row(s, j) : nullptr;
+    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
+      float* out = d + (h0 / kHTile) * npad * kHTile + j * kHTile;
+      _mm512_store_ps(out, valid ? load16_operand(row, s, h0) : _mm512_setzero_ps());
+      _mm512_store_ps(out + 16, valid ? load16_operand(row, s, h0 + 16) : _mm512_setzero_ps());
+    }
+  }
+}
+
+}  // namespace
+
+const FlashKernels& avx512f_kernels() {
+  static const FlashKernels k{.name = "avx512f",
+                              .operand_bytes = 4,
+                              .mr = kMR,
+                              .qk_tile = qk_tile_12x32,
+                              .pv_tile = pv_tile_12x32,
+                              .softmax_tile = softmax_tile,
+                              .exp_n = exp_n,
+                              .pack_q_row = pack_q_row,
+                              .pack_k = pack_k,
+                              .pack_v = pack_v};
+  return k;
+}
+
+}  // namespace flashgqa

@@ -1,0 +1,28 @@
+// The one place that maps (instruction set, precision) to a kernel set.
+#include "kernels/microkernels.hpp"
+
+#include <string>
+
+namespace flashgqa {
+
+const FlashKernels& kernels_for(Isa isa, Precision precision) {
+  if (!isa_supported(isa))
+    throw Error(std::string("isa: '") + isa_name(isa) +
+                "' is not supported by this CPU, expected one of the supported paths");
+#ifdef FLASHGQA_X86_KERNELS
+  switch (isa) {
+    case Isa::avx512bf16: return precision == Precision::bf16 ? avx512bf16_kernels() : avx512f_kernels();
+    case Isa::avx512f: return avx512f_kernels();
+    case Isa::avx2: return avx2_kernels();
+    case Isa::portable: return portable_kernels();
+  }
+#else
+  (void)precision;
+  if (isa != Isa::portable)
+    throw Error(std::string("isa: '") + isa_name(isa) +
+                "' is not compiled into this build, expected portable");
+#endif
+  return portable_kernels();
+}
+
+}  // namespace flashgqa

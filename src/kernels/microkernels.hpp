@@ -1,0 +1,147 @@
+// The micro-kernels of the fast flash path and their contract. One set per instruction set, each in its
+// own translation unit with its own compiler flags (kernels_<isa>.cpp); kernels_for() below is the one
+// place that chooses between them. Blocking, threading, masking and packing policy live in portable C++
+// (src/flash/flash_fast.cpp); the kernels only touch the small tiles described here.
+//
+// ---------------------------------------------------------------------------------------------------
+// Contract
+//
+// Two operand families; a kernel set implements exactly one (FlashKernels::operand_bytes):
+//   bf16 pairs (2 bytes): operands are bfloat16 bit patterns, stored so that the two values a
+//              `vdpbf16ps` lane multiplies together (consecutive along the reduction dimension) sit
+//              in one 32-bit word. Used by avx512bf16 for Precision::bf16.
+//   fp32 (4 bytes):  operands are floats. Under Precision::bf16 they hold bf16-rounded values (exact
+//              in fp32); under Precision::f32 the input values themselves. Used by avx512f, avx2,
+//              portable, and by every set for Precision::f32.
+//
+// Sizes: Hp = H rounded up to kHTile; a KV block of n keys is padded to npad = n rounded up to
+// kPanelKeys. Padding is always zeros (never garbage: 0 * NaN would poison a row).
+//
+// Layouts (element = one operand, 2 or 4 bytes; "word" = 32 bits):
+//   Q rows   [rows][ldq]   row r holds q[r][0..Hp), natural order (so bf16 pairs along h are words).
+//   K panel  kPanelKeys keys x Hp, one panel after another (panel c = keys 32c..32c+31):
+//              bf16:  [Hp/2][32][2]  word (p, j) = (k[j][2p], k[j][2p+1])
+//              fp32:  [Hp][32]       k[j][h] at h*32 + j
+//   V panel  one per h tile of kHTile columns, each covering npad keys; panel c at c*npad*32 elements:
+//              bf16:  [npad/2][32][2] word (i, c') = (v[2i][32c+c'], v[2i+1][32c+c'])
+//              fp32:  [npad][32]      v[j][32c+c'] at j*32 + c'
+//   S tile   [rows][lds] fp32 logits.
+//   P tile   [rows][ldp] softmax weights in the operand type (bf16: rounded to nearest even, pairs
+//            along keys are words; fp32: bf16-rounded values when round_p, else exact).
+//   O rows   [rows][ldo] fp32 accumulators, Hp columns.
+//
+// Register tile: MR = FlashKernels::mr rows by 32 columns (keys for qk_tile, h for pv_tile). Every
+// tile kernel takes rows in [1, MR] (the last row tile of a block is partial); columns are always a
+// full 32 because the packed operands are zero padded. Leading dimensions are in elements and every
+// buffer the policy passes is 64-byte aligned with 64-byte multiple leading dimensions.
+// MR per set: avx512bf16 12 (24 zmm accumulators), avx512f 12, avx2 6 (as two 6x16 halves), portable 8.
+// vdpbf16ps and vcvtne2ps2bf16 treat bf16/fp32 subnormals as zero: differences below 2^-126 in an
+// operand or a weight are allowed (the tests bound them).
+//
+//   qk_tile:      S[r][0..32) = scale * sum_{h<Hp} Q[r][h] K[j][h]       (overwrites; fp32 accumulate)
+//   pv_tile:      O[r][0..32) = O[r][0..32) * corr[r] + sum_{j<nkeys} P[r][j] V[j][c]
+//                 (corr null: no rescale; nkeys even, <= npad; accumulate into O)
+//   softmax_tile: for each row r, over the keys j < n of the S tile, keys j >= limit[r] masked (limit
+//                 null: none masked). m_new = max(m[r], max_j S[r][j]);
+//                 P[r][j] = exp(S[r][j] - m_new) for unmasked j, exactly 0 for masked j;
+//                 l[r] = l[r] * corr[r] + sum_j P[r][j] (summed in fp32 before rounding P);
+//                 corr[r] = exp(m[r] - m_new), m[r] = m_new. A row whose m_new is -inf uses 0 in place
+//                 of m_new (so masked-so-far rows give corr 0, P 0, never NaN). Returns whether any
+//                 corr[r] != 1 (whether the O rows must be rescaled). NaN logits are not dropped:
+//                 exp(NaN) is NaN and reaches P and l.
+//   exp_n:        dst[i] = exp(src[i]) with the vectorised polynomial the softmax uses (for tests).
+//                 Relative error <= kExpMaxRelError + |x| 2^-23 for results above 2^-126 (the second
+//                 term is x log2(e) in fp32: the rounding of the product and of log2(e) itself, the
+//                 size of a rounding of the logit, which the tolerances already count);
+//                 0 below about 2^-150; exp(0) = 1 exactly; exp(-inf) = 0; NaN stays NaN.
+//
+// Packing (each reads rows of q/k/v in any dtype; with round_bf16 the values are rounded to nearest
+// even bf16 exactly as round_to_bf16 in core/dtype.hpp does):
+//   pack_q_row:   dst[0..Hp) <- src[0..H), zero padded.
+//   pack_k:       K panels for keys 0..n of src (key j at src + j*ld elements), npad/32 panels.
+//   pack_v:       V panels for keys 0..n of src, Hp/32 panels of npad keys.
+// ---------------------------------------------------------------------------------------------------
+#pragma once
+
+#include <cstdint>
+
+#include "flashgqa/flashgqa.hpp"
+#include "kernels/cpu_features.hpp"
+
+namespace flashgqa {
+
+constexpr int kPanelKeys = 32;  // keys per K panel (qk_tile's NR); KV blocks are padded to a multiple
+constexpr int kHTile = 32;      // columns per V panel (pv_tile's NR); H is padded to a multiple
+// The bound exp_n and softmax_tile's exp meet (tested in microkernels_test.cpp).
+constexpr double kExpMaxRelError = 2.5e-7;
+
+struct QkTile {
+  float* s;  // S tile, row stride lds
+  std::int64_t lds;
+  const void* q;  // Q rows, row stride ldq (elements)
+  std::int64_t ldq;
+  const void* k;    // one K panel
+  std::int64_t Hp;  // reduction depth, a multiple of kHTile
+  float scale;
+  int rows;  // 1..mr
+};
+
+struct PvTile {
+  float* o;  // O rows at the h tile's first column, row stride ldo
+  std::int64_t ldo;
+  const void* p;  // P tile, row stride ldp (elements)
+  std::int64_t ldp;
+  const void* v;       // the h tile's V panel
+  std::int64_t nkeys;  // even, <= npad
+  const float* corr;   // [rows] rescale factors, or null
+  int rows;            // 1..mr
+};
+
+struct SoftmaxTile {
+  const float* s;  // S tile [rows][lds]
+  std::int64_t lds;
+  void* p;  // P tile [rows][ldp] (operand type)
+  std::int64_t ldp;
+  float* m;                   // [rows] running max, in/out
+  float* l;                   // [rows] running denominator, in/out
+  float* corr;                // [rows] out
+  const std::int32_t* limit;  // [rows] keys >= limit[r] are masked, or null
+  std::int64_t n;             // keys in the tile, a multiple of kPanelKeys
+  int rows;                   // 1..mr
+  bool round_p;               // fp32 family: round P to bf16 (Precision::bf16)
+};
+
+struct PackSource {
+  const void* src;  // first row (q row, or key 0 of the block)
+  DType dtype;
+  std::int64_t ld;  // elements between keys (pack_k/pack_v)
+  std::int64_t n;   // keys (pack_k/pack_v)
+  std::int64_t H, Hp;
+  bool round_bf16;
+};
+
+struct FlashKernels {
+  const char* name;
+  int operand_bytes;  // 2: bf16 pairs, 4: fp32
+  int mr;             // rows per register tile
+  void (*qk_tile)(const QkTile& t);
+  void (*pv_tile)(const PvTile& t);
+  bool (*softmax_tile)(const SoftmaxTile& t);
+  void (*exp_n)(float* dst, const float* src, std::int64_t n);
+  void (*pack_q_row)(void* dst, const PackSource& src);
+  void (*pack_k)(void* dst, const PackSource& src);
+  void (*pack_v)(void* dst, const PackSource& src);
+};
+
+// The kernel set for a path and precision: avx512bf16 for bf16, otherwise the fp32 family of the
+// path (avx512bf16 runs Precision::f32 on its avx512f kernels). The path must be compiled in and
+// supported (see cpu_features.hpp); throws Error otherwise.
+const FlashKernels& kernels_for(Isa isa, Precision precision);
+
+// Per-ISA sets, defined in their translation units (only on x86-64 for the non-portable ones).
+const FlashKernels& portable_kernels();
+const FlashKernels& avx2_kernels();
+const FlashKernels& avx512f_kernels();
+const FlashKernels& avx512bf16_kernels();
+
+}  // namespace flashgqa

@@ -1,0 +1,313 @@
+// Every kernel set this machine supports against a scalar model of the contract in microkernels.hpp:
+// packing + qk_tile, packing + pv_tile, softmax_tile (masked and not, running state, NaN), and the exp
+// error bound. Partial row tiles, H not a multiple of 32, keys not a multiple of 32, all input dtypes.
+#include "kernels/microkernels.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "flash/aligned_buffer.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+struct KernelCase {
+  Isa isa;
+  Precision precision;
+};
+
+std::vector<KernelCase> supported_cases() {
+  std::vector<KernelCase> out;
+  for (Isa isa : supported_isas())
+    for (Precision p : {Precision::bf16, Precision::f32}) out.push_back({isa, p});
+  return out;
+}
+
+std::string name(const KernelCase& c) {
+  return std::string(isa_name(c.isa)) + "/" + precision_name(c.precision);
+}
+
+// Rows of random values stored in `dtype`, row stride ld elements.
+struct Rows {
+  DType dtype;
+  std::int64_t n, H, ld;
+  std::vector<std::uint16_t> bits;  // bf16/f16 storage
+  std::vector<float> f32;           // f32 storage
+
+  Rows(DType d, std::int64_t rows, std::int64_t h, std::mt19937& rng) : dtype(d), n(rows), H(h), ld(h + 5) {
+    std::normal_distribution<float> dist;
+    bits.assign(static_cast<std::size_t>(n * ld), 0);
+    f32.assign(static_cast<std::size_t>(n * ld), 0.0f);
+    for (std::int64_t i = 0; i < n * ld; ++i) {
+      const float x = dist(rng);
+      f32[static_cast<std::size_t>(i)] = x;
+      bits[static_cast<std::size_t>(i)] = d == DType::bf16 ? float_to_bf16_bits(x) : float_to_f16_bits(x);
+    }
+  }
+  const void* row(std::int64_t j) const {
+    return dtype == DType::f32 ? static_cast<const void*>(f32.data() + j * ld)
+                               : static_cast<const void*>(bits.data() + j * ld);
+  }
+  // The operand value the kernels must see (rounded to bf16 under Precision::bf16).
+  double operand(std::int64_t j, std::int64_t h, Precision p) const {
+    const float x = load_element(row(j), dtype, h);
+    return p == Precision::bf16 ? round_to_bf16(x) : x;
+  }
+  PackSource source(std::int64_t Hp, Precision p) const {
+    return {row(0), dtype, ld, n, H, Hp, p == Precision::bf16};
+  }
+};
+
+TEST(Microkernels, QkTileMatchesScalarModel) {
+  std::mt19937 rng(1);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const std::int64_t ob = k.operand_bytes;
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16})
+      for (std::int64_t H : {1, 17, 64, 80, 128})
+        for (std::int64_t n : {1, 31, 45}) {
+          const std::int64_t Hp = round_up(H, kHTile), npad = round_up(n, kPanelKeys);
+          Rows q(dtype, k.mr, H, rng), keys(dtype, n, H, rng);
+          AlignedBuffer qp(static_cast<std::size_t>(k.mr * Hp * ob)),
+              kp(static_cast<std::size_t>(npad * Hp * ob));
+          AlignedBuffer s(static_cast<std::size_t>(k.mr * npad * 4));
+          for (int r = 0; r < k.mr; ++r) {
+            PackSource src = q.source(Hp, kc.precision);
+            src.src = q.row(r);
+            k.pack_q_row(qp.as<char>() + r * Hp * ob, src);
+          }
+          k.pack_k(kp.data(), keys.source(Hp, kc.precision));
+          const float scale = 0.375f;
+          for (int rows : {1, k.mr / 2, k.mr}) {
+            for (std::int64_t c = 0; c < npad; c += kPanelKeys)
+              k.qk_tile(
+                  {s.as<float>() + c, npad, qp.data(), Hp, kp.as<char>() + c * Hp * ob, Hp, scale, rows});
+            for (int r = 0; r < rows; ++r)
+              for (std::int64_t j = 0; j < npad; ++j) {
+                double dot = 0, mag = 0;
+                for (std::int64_t h = 0; j < n && h < H; ++h) {
+                  const double prod = q.operand(r, h, kc.precision) * keys.operand(j, h, kc.precision);
+                  dot += prod;
+                  mag += std::fabs(prod);
+                }
+                // fp32 accumulation over H terms, then the scale: (H + 2) u32 of the magnitudes.
+                const double tol = (static_cast<double>(H) + 2) * 0x1p-24 * scale * mag + 1e-30;
+                const double got = s.as<float>()[r * npad + j];
+                ASSERT_LE(std::fabs(got - scale * dot), tol)
+                    << name(kc) << " " << dtype_name(dtype) << " H " << H << " n " << n << " rows " << rows
+                    << " r " << r << " j " << j;
+              }
+          }
+        }
+  }
+}
+
+TEST(Microkernels, PvTileMatchesScalarModel) {
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const std::int64_t ob = k.operand_bytes;
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (std::int64_t H : {16, 64, 96})
+        for (std::int64_t n : {2, 33, 64}) {
+          const std::int64_t Hp = round_up(H, kHTile), npad = round_up(n, kPanelKeys);
+          Rows v(dtype, n, H, rng);
+          AlignedBuffer vp(static_cast<std::size_t>(npad * Hp * ob)),
+              p(static_cast<std::size_t>(k.mr * npad * ob));
+          AlignedBuffer o(static_cast<std::size_t>(k.mr * Hp * 4));
+          k.pack_v(vp.data(), v.source(Hp, kc.precision));
+          // P in the operand type: bf16 bits, or fp32 (bf16-rounded under Precision::bf16, like softmax).
+          std::vector<double> pval(static_cast<std::size_t>(k.mr * npad), 0.0);
+          for (int r = 0; r < k.mr; ++r)
+            for (std::int64_t j = 0; j < npad; ++j) {
+              const float x = j < n ? round_to_bf16(unit(rng)) : 0.0f;
+              pval[static_cast<std::size_t>(r * npad + j)] = x;
+              if (ob == 2)
+                p.as<std::uint16_t>()[r * npad + j] = float_to_bf16_bits(x);
+              else
+                p.as<float>()[r * npad + j] = x;
+            }
+          std::vector<float> o0(static_cast<std::size_t>(k.mr * Hp)), corr(static_cast<std::size_t>(k.mr));
+          for (auto& x : o0) x = unit(rng);
+          for (auto& x : corr) x = unit(rng);
+          for (bool rescale : {false, true}) {
+            const int rows = rescale ? k.mr : k.mr - 1;
+            std::memcpy(o.data(), o0.data(), o0.size() * sizeof(float));
+            const std::int64_t nkeys = round_up(n, 2);
+            for (std::int64_t c = 0; c < Hp; c += kHTile)
+              k.pv_tile({o.as<float>() + c, Hp, p.data(), npad, vp.as<char>() + c * npad * ob, nkeys,
+                         rescale ? corr.data() : nullptr, rows});
+            for (int r = 0; r < k.mr; ++r)
+              for (std::int64_t h = 0; h < Hp; ++h) {
+                const double start = o0[static_cast<std::size_t>(r * Hp + h)] *
+                                     (rescale ? corr[static_cast<std::size_t>(r)] : 1.0f);
+                double acc = start, mag = std::fabs(start);
+                for (std::int64_t j = 0; r < rows && h < H && j < n; ++j) {
+                  const double term =
+                      pval[static_cast<std::size_t>(r * npad + j)] * v.operand(j, h, kc.precision);
+                  acc += term;
+                  mag += std::fabs(term);
+                }
+                if (r >= rows) acc = o0[static_cast<std::size_t>(r * Hp + h)];  // untouched
+                const double tol = (static_cast<double>(n) + 3) * 0x1p-24 * mag;
+                ASSERT_LE(std::fabs(o.as<float>()[r * Hp + h] - acc), tol)
+                    << name(kc) << " H " << H << " n " << n << " r " << r << " h " << h;
+              }
+          }
+        }
+  }
+}
+
+// The softmax against the contract, in float64: running max and sum from a previous state, masked
+// keys exactly 0, P rounded to bf16 under Precision::bf16, corr, and the "any moved" result.
+TEST(Microkernels, SoftmaxTileMatchesScalarModel) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const std::int64_t ob = k.operand_bytes, n = 96;
+    AlignedBuffer s(static_cast<std::size_t>(k.mr * n * 4)), p(static_cast<std::size_t>(k.mr * n * ob));
+    for (bool masked : {false, true}) {
+      std::vector<float> m(static_cast<std::size_t>(k.mr)), l(m.size()), corr(m.size());
+      std::vector<std::int32_t> limit(m.size());
+      for (int r = 0; r < k.mr; ++r) {
+        for (std::int64_t j = 0; j < n; ++j) s.as<float>()[r * n + j] = dist(rng);
+        s.as<float>()[r * n + n - 1] = r == 1 ? kNaN : s.as<float>()[r * n + n - 1];  // masked away below
+        m[static_cast<std::size_t>(r)] = r % 3 == 0 ? -kInf : r % 3 == 1 ? 20.0f : 0.5f;
+        l[static_cast<std::size_t>(r)] = r % 3 == 0 ? 0.0f : 3.0f;
+        limit[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(masked ? (r * 37) % (n - 1) : n);
+      }
+      const std::vector<float> m0 = m, l0 = l;
+      const bool moved =
+          k.softmax_tile({s.as<float>(), n, p.data(), n, m.data(), l.data(), corr.data(),
+                          masked ? limit.data() : nullptr, n, k.mr, kc.precision == Precision::bf16});
+      bool any_moved = false;
+      for (int r = 0; r < k.mr; ++r) {
+        const auto ri = static_cast<std::size_t>(r);
+        const std::int64_t lim = limit[ri];
+        if (!masked && r == 1) {  // the NaN key is visible: l is NaN
+          EXPECT_TRUE(std::isnan(l[ri])) << name(kc);
+          any_moved = true;
+          continue;
+        }
+        double mx = m0[ri];
+        for (std::int64_t j = 0; j < lim; ++j) mx = std::max<double>(mx, s.as<float>()[r * n + j]);
+        EXPECT_EQ(m[ri], static_cast<float>(mx)) << name(kc) << " r " << r;
+        const double base = std::isinf(mx) ? 0.0 : mx;
+        const double c = std::exp(static_cast<double>(m0[ri]) - base);
+        double sum = l0[ri] * c;
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double e = j < lim ? std::exp(s.as<float>()[r * n + j] - base) : 0.0;
+          sum += e;
+          const double got =
+              ob == 2 ? bf16_bits_to_float(p.as<std::uint16_t>()[r * n + j]) : p.as<float>()[r * n + j];
+          if (j >= lim) {
+            ASSERT_EQ(got, 0.0) << name(kc) << " masked key r " << r << " j " << j;
+            continue;
+          }
+          // exp error (argument rounding |x| 2^-24 plus the polynomial), then the bf16 rounding of P.
+          const double rel = kExpMaxRelError +
+                             (std::fabs(s.as<float>()[r * n + j]) + std::fabs(base)) * 0x1p-23 +
+                             (kc.precision == Precision::bf16 ? 0x1p-8 : 0.0);
+          ASSERT_LE(std::fabs(got - e), rel * e) << name(kc) << " r " << r << " j " << j;
+        }
+        EXPECT_NEAR(corr[ri], c, 2 * kExpMaxRelError * c + 1e-30) << name(kc) << " r " << r;
+        EXPECT_NEAR(l[ri], sum, (n + 4) * 1e-6 * sum + 1e-30) << name(kc) << " r " << r;
+        any_moved |= corr[ri] != 1.0f;
+      }
+      EXPECT_EQ(moved, any_moved) << name(kc);
+    }
+  }
+}
+
+TEST(Microkernels, ExpMeetsItsDocumentedBound) {
+  std::vector<float> x;
+  for (float v = -103.0f; v <= 88.0f; v += 0.0137f) x.push_back(v);
+  for (float v = -1.0f; v <= 1.0f; v += 1.0f / 1024) x.push_back(v);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    std::vector<float> y(x.size());
+    k.exp_n(y.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    double worst = 0;  // relative error in units of the documented bound
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double ref = std::exp(static_cast<double>(x[i]));
+      if (ref < 0x1p-126) continue;  // subnormal results: absolute error below 2^-126
+      const double bound = kExpMaxRelError + std::fabs(x[i]) * 0x1p-23;
+      worst = std::max(worst, std::fabs(y[i] - ref) / ref / bound);
+    }
+    EXPECT_LE(worst, 1.0) << name(kc);
+    // Special values: exact 1 at 0 (so an unmoved max rescales by exactly 1), 0 far below, NaN stays.
+    const float special[] = {0.0f, -kInf, -200.0f, kNaN, 200.0f, -110.0f};
+    float out[6];
+    k.exp_n(out, special, 6);
+    EXPECT_EQ(out[0], 1.0f) << name(kc);
+    EXPECT_EQ(out[1], 0.0f) << name(kc);
+    EXPECT_EQ(out[2], 0.0f) << name(kc);
+    EXPECT_TRUE(std::isnan(out[3])) << name(kc);
+    EXPECT_EQ(out[4], kInf) << name(kc);
+    EXPECT_LE(std::fabs(out[5] - std::exp(-110.0)), 0x1p-126) << name(kc);
+  }
+}
+
+TEST(Microkernels, PackingRoundsLikeTheReference) {
+  // Values that round differently under truncation, ties to even, subnormals, NaN: the packed K
+  // operand (through qk with a one-hot Q) must equal round_to_bf16 of the input exactly.
+  const float inputs[] = {1.00390625f, 1.01171875f, -3.0e-39f,  1.0e-40f,
+                          65504.0f,    3.4e38f,     1.2345678f, -0.0f};
+  for (const KernelCase& kc : supported_cases()) {
+    if (kc.precision != Precision::bf16) continue;
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const std::int64_t ob = k.operand_bytes, H = 32, Hp = 32, n = 8;
+    std::vector<float> src(static_cast<std::size_t>(n * H), 0.0f);
+    for (std::int64_t j = 0; j < n; ++j) src[static_cast<std::size_t>(j * H + 3)] = inputs[j];
+    AlignedBuffer kp(static_cast<std::size_t>(kPanelKeys * Hp * ob)), qp(static_cast<std::size_t>(Hp * ob));
+    AlignedBuffer s(static_cast<std::size_t>(kPanelKeys * 4));
+    k.pack_k(kp.data(), {src.data(), DType::f32, H, n, H, Hp, true});
+    std::vector<float> one_hot(static_cast<std::size_t>(H), 0.0f);
+    one_hot[3] = 1.0f;
+    k.pack_q_row(qp.data(), {one_hot.data(), DType::f32, 0, 0, H, Hp, true});
+    k.qk_tile({s.as<float>(), kPanelKeys, qp.data(), Hp, kp.data(), Hp, 1.0f, 1});
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float want = round_to_bf16(inputs[j]);
+      const float got = s.as<float>()[j];
+      // vdpbf16ps treats subnormal inputs as zero: allowed (below 2^-126 in absolute value).
+      if (std::fabs(want) < 0x1p-126f)
+        EXPECT_LE(std::fabs(got), 0x1p-126f) << name(kc) << " j " << j;
+      else
+        EXPECT_EQ(got, want) << name(kc) << " j " << j;
+    }
+  }
+}
+
+TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+    EXPECT_EQ(parse_isa(isa_name(isa)), isa);
+  EXPECT_THROW(parse_isa("sse9"), Error);
+  EXPECT_TRUE(isa_supported(Isa::portable));
+  EXPECT_EQ(supported_isas().front(), Isa::portable);
+  const Isa before = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    EXPECT_EQ(active_isa(), isa);
+  }
+  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(set_isa(isa), Error);
+    }
+  set_isa(before);
+}
+
+}  // namespace
+}  // namespace flashgqa
