@@ -37,7 +37,7 @@ constexpr const char* kHelp =
     "  --threads N          threads (default 0 = all cores)\n"
     "  --causal             causal attention (half the FLOPs counted)\n"
     "  --repeats N          timed runs per point (default 3)\n"
-    "  --budget SECONDS     skip a point whose warm-up and repeats would take longer (default 6)\n"
+    "  --budget SECONDS     skip a point whose warm-up and repeats would take longer (default 12)\n"
     "  --help               this text\n";
 
 std::vector<std::string> split(const std::string& text) {
@@ -83,7 +83,7 @@ int bench_command(const std::vector<std::string>& words) {
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const bool causal = args.has("causal");
   const int repeats = static_cast<int>(args.integer("repeats", 3, 1, 1000));
-  const double budget = args.real("budget", 6.0);
+  const double budget = args.real("budget", 12.0);
   const std::string dir = args.optional("out").value_or(".");
 
   std::fprintf(stderr, "bench: ceilings (cached or measured; see flashgqa roofline)...\n");

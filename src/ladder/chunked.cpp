@@ -2,7 +2,8 @@
 // but every row keeps a running max m of its logits. Each chunk's weights are exp(l - m_new), and the
 // numerator and denominator carried so far are multiplied by exp(m_old - m_new), so both stay scaled
 // by the same constant and the final division cancels it. Nothing overflows; the result matches the
-// naive rung to rounding. The carries (o, denom, m) for all G·T rows of a kv head live in memory.
+// naive rung to rounding. The carries (o, denom, m) for all G·T rows of a kv head live in memory, and
+// so does each chunk's [G·T, block_kv] weight matrix.
 #include <limits>
 #include <vector>
 
@@ -12,40 +13,48 @@
 namespace flashgqa {
 
 void chunked_attention(const Problem& p) {
-  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV);
+  const TileMath tm(p);
+  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV), mr = tm.kern->mr;
   const std::int64_t M = p.G * p.T;  // every query row of one kv head
-  std::vector<float> Q(static_cast<std::size_t>(M * p.H)), O(Q.size());
+  QRows Q;
+  KvBlock kv;
+  PRows P;
+  P.reserve(tm, M, tm.pad_keys(bkv));
+  AccRows O;
   std::vector<float> denom(static_cast<std::size_t>(M)), m_run(denom.size());
-  std::vector<float> Kb(static_cast<std::size_t>(bkv * p.H)), Vb(Kb.size());
-  std::vector<float> L(static_cast<std::size_t>(M * bkv)), W(L.size());
+  AlignedBuffer L(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));  // one chunk of logits
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      load_q_block(Q.data(), p, b, kh, 0, p.T);
-      std::fill(O.begin(), O.end(), 0.0f);
+      pack_q_block(Q, tm, p, b, kh, 0, p.T);
+      O.assign_zero(M, tm.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
       std::fill(m_run.begin(), m_run.end(), -std::numeric_limits<float>::infinity());
       for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
         if (p.kv_block_masked(s0, p.T)) break;  // this chunk and all later ones are masked
         const std::int64_t n = std::min(bkv, p.S - s0);
-        load_k_block(Kb.data(), p, b, kh, s0, n);
-        load_v_block(Vb.data(), p, b, kh, s0, n);
+        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        const std::int64_t ldl = kv.npad;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float* l = L.data() + m * n;
-          float* w = W.data() + m * n;
-          float* o = O.data() + m * p.H;
-          qk_logits(l, Q.data() + m * p.H, 1, Kb.data(), n, p.H, p.scale);
-          mask_logits(l, p, 1, m % p.T, 1, s0, n);
-          // Running max, weights exp(l - m_new), denominator rescaled by exp(m_old - m_new).
-          const float corr = online_softmax_update(w, l, n, m_run[static_cast<std::size_t>(m)],
-                                                   denom[static_cast<std::size_t>(m)], p.precision);
-          for (std::int64_t h = 0; h < p.H; ++h) o[h] *= corr;  // numerator rescaled the same way
-          pv_accumulate(o, w, 1, n, Vb.data(), p.H);
+        for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
+          const std::int64_t r1 = std::min(r0 + mr, M);
+          float* lb = L.as<float>();
+          qk_logits(lb, ldl, tm, Q, r0, r1, kv, p.scale);  // logits of the chunk
+          for (std::int64_t m = r0; m < r1; ++m) {
+            float* l = lb + m * ldl;
+            float* o = O.row(m, tm.Hp);
+            mask_logits(l, ldl, p, 1, m % p.T, 1, s0, n);  // row m is query m % T
+            // Running max, weights exp(l - m_new) (in place), denominator rescaled by exp(m_old - m_new).
+            const float corr = online_softmax_update(tm, l, l, n, m_run[static_cast<std::size_t>(m)],
+                                                     denom[static_cast<std::size_t>(m)], p.precision);
+            for (std::int64_t h = 0; h < tm.Hp; ++h) o[h] *= corr;  // numerator rescaled the same way
+          }
+          pack_p_rows(P, tm, lb, ldl, r0, r1, n);
+          pv_accumulate(O.ptr(), tm, P, r0, r1, kv);  // o += w v
         }
       }
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t m = 0; m < M; ++m)
-        write_output_row(p, b, kh, m / p.T, m % p.T, O.data() + m * p.H,
+        write_output_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp),
                          m_run[static_cast<std::size_t>(m)], denom[static_cast<std::size_t>(m)]);
     }
 }

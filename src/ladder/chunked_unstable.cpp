@@ -3,8 +3,6 @@
 // denominator, and the division happens once at the end. The [T, S] logits are never whole in memory,
 // but exp(l) overflows for logits above ~88 and the result turns into inf/inf = NaN. Kept to show why
 // the next rung subtracts a running max.
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include "ladder/ladder.hpp"
@@ -13,34 +11,42 @@
 namespace flashgqa {
 
 void chunked_unstable_attention(const Problem& p) {
-  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV);
+  const TileMath tm(p);
+  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV), mr = tm.kern->mr;
   const std::int64_t M = p.G * p.T;  // every query row of one kv head
-  std::vector<float> Q(static_cast<std::size_t>(M * p.H)), O(Q.size()), denom(static_cast<std::size_t>(M));
-  std::vector<float> Kb(static_cast<std::size_t>(bkv * p.H)), Vb(Kb.size());
-  std::vector<float> W(static_cast<std::size_t>(M * bkv));  // one chunk of weights
+  QRows Q;
+  KvBlock kv;
+  PRows P;
+  P.reserve(tm, M, tm.pad_keys(bkv));
+  AccRows O;
+  std::vector<float> denom(static_cast<std::size_t>(M));
+  AlignedBuffer W(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));  // one chunk of weights
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      load_q_block(Q.data(), p, b, kh, 0, p.T);
-      std::fill(O.begin(), O.end(), 0.0f);
+      pack_q_block(Q, tm, p, b, kh, 0, p.T);
+      O.assign_zero(M, tm.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
       for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
         if (p.kv_block_masked(s0, p.T)) break;  // this chunk and all later ones are masked
         const std::int64_t n = std::min(bkv, p.S - s0);
-        load_k_block(Kb.data(), p, b, kh, s0, n);
-        load_v_block(Vb.data(), p, b, kh, s0, n);
+        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        const std::int64_t ldw = kv.npad;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float* w = W.data() + m * n;
-          qk_logits(w, Q.data() + m * p.H, 1, Kb.data(), n, p.H, p.scale);
-          mask_logits(w, p, 1, m % p.T, 1, s0, n);
-          float sum = 0.0f;
-          for (std::int64_t j = 0; j < n; ++j) {
-            const float e = std::exp(w[j]);  // no max subtracted: overflows for large logits
-            sum += e;
-            w[j] = round_weight(e, p.precision);
+        for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
+          const std::int64_t r1 = std::min(r0 + mr, M);
+          float* w = W.as<float>();
+          qk_logits(w, ldw, tm, Q, r0, r1, kv, p.scale);
+          for (std::int64_t m = r0; m < r1; ++m) {
+            float* row = w + m * ldw;
+            mask_logits(row, ldw, p, 1, m % p.T, 1, s0, n);  // row m is query m % T
+            exp_row(tm, row, row, n);  // no max subtracted: overflows for large logits
+            float sum = 0.0f;
+            for (std::int64_t j = 0; j < n; ++j) sum += row[j];
+            denom[static_cast<std::size_t>(m)] += sum;
+            for (std::int64_t j = 0; j < n; ++j) row[j] = round_weight(row[j], p.precision);
           }
-          denom[static_cast<std::size_t>(m)] += sum;
-          pv_accumulate(O.data() + m * p.H, w, 1, n, Vb.data(), p.H);
+          pack_p_rows(P, tm, w, ldw, r0, r1, n);
+          pv_accumulate(O.ptr(), tm, P, r0, r1, kv);
         }
       }
 #pragma omp parallel for num_threads(p.threads) schedule(static)
@@ -48,7 +54,7 @@ void chunked_unstable_attention(const Problem& p) {
         const float d = denom[static_cast<std::size_t>(m)];
         const bool sees_none = p.visible_keys(m % p.T) == 0;
         // lse = log(denom) since no max was subtracted; a row with no key gets 0 and -inf.
-        write_output_row(p, b, kh, m / p.T, m % p.T, O.data() + m * p.H, 0.0f, sees_none ? 0.0f : d);
+        write_output_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp), 0.0f, sees_none ? 0.0f : d);
       }
     }
 }

@@ -16,11 +16,11 @@ namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 256;
 
-// The carries of every query row of one kv head, laid out [G, T] (and [G, T, H] for o).
+// The carries of every query row of one kv head, laid out [G, T] (and [G, T, Hp] for o).
 struct Carries {
   std::vector<float> o, denom, m;
-  Carries(std::int64_t rows, std::int64_t H)
-      : o(static_cast<std::size_t>(rows * H), 0.0f),
+  Carries(std::int64_t rows, std::int64_t Hp)
+      : o(static_cast<std::size_t>(rows * Hp), 0.0f),
         denom(static_cast<std::size_t>(rows), 0.0f),
         m(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity()) {}
 };
@@ -28,39 +28,49 @@ struct Carries {
 }  // namespace
 
 void kernel1_attention(const Problem& p) {
+  const TileMath tm(p);
   const std::int64_t bq = block_or(p.block_q, kDefaultBlockQ);
   const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV);
-  const std::int64_t num_q_blocks = (p.T + bq - 1) / bq;
-  std::vector<float> Kb(static_cast<std::size_t>(bkv * p.H)), Vb(Kb.size());
+  const std::int64_t num_q_blocks = (p.T + bq - 1) / bq, Hp = tm.Hp;
+  KvBlock kv;
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      Carries in(p.G * p.T, p.H), out(p.G * p.T, p.H);
+      Carries in(p.G * p.T, Hp), out(p.G * p.T, Hp);
       for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
         if (p.kv_block_masked(s0, p.T)) break;  // this block and all later ones are masked
         const std::int64_t n = std::min(bkv, p.S - s0);
-        load_k_block(Kb.data(), p, b, kh, s0, n);
-        load_v_block(Vb.data(), p, b, kh, s0, n);
+        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        const std::int64_t ldl = kv.npad;
 #pragma omp parallel num_threads(p.threads)
         {
-          std::vector<float> Q(static_cast<std::size_t>(p.G * bq * p.H)), L(static_cast<std::size_t>(p.G * bq * bkv));
+          QRows Q;
+          PRows P;
+          P.reserve(tm, p.G * bq, ldl);
+          AlignedBuffer L(static_cast<std::size_t>(p.G * bq * ldl) * sizeof(float));
+          AccRows O;
+          O.assign_zero(p.G * bq, Hp);
 #pragma omp for schedule(static)
           for (std::int64_t i = 0; i < num_q_blocks; ++i) {
             const std::int64_t t0 = i * bq, rows = std::min(bq, p.T - t0), M = p.G * rows;
-            load_q_block(Q.data(), p, b, kh, t0, rows);
-            qk_logits(L.data(), Q.data(), M, Kb.data(), n, p.H, p.scale);
-            mask_logits(L.data(), p, M, t0, rows, s0, n);
+            pack_q_block(Q, tm, p, b, kh, t0, rows);
+            qk_logits(L.as<float>(), ldl, tm, Q, 0, M, kv, p.scale);
+            mask_logits(L.as<float>(), ldl, p, M, t0, rows, s0, n);
             for (std::int64_t r = 0; r < M; ++r) {
               // Carry of block row r: head g = r / rows, query t0 + r % rows, row g·T + t in memory.
               const auto c = static_cast<std::size_t>((r / rows) * p.T + t0 + r % rows);
               float m = in.m[c], denom = in.denom[c];  // read the carries from memory
-              float* l = L.data() + r * n;
-              const float corr = online_softmax_update(l, l, n, m, denom, p.precision);
-              const float* o_in = in.o.data() + c * static_cast<std::size_t>(p.H);
-              float* o_out = out.o.data() + c * static_cast<std::size_t>(p.H);
-              for (std::int64_t h = 0; h < p.H; ++h) o_out[h] = o_in[h] * corr;
-              pv_accumulate(o_out, l, 1, n, Vb.data(), p.H);
+              float* l = L.as<float>() + r * ldl;
+              const float corr = online_softmax_update(tm, l, l, n, m, denom, p.precision);
+              const float* o_in = in.o.data() + c * static_cast<std::size_t>(Hp);
+              for (std::int64_t h = 0; h < Hp; ++h) O.row(r, Hp)[h] = o_in[h] * corr;
               out.m[c] = m;  // write the carries back
               out.denom[c] = denom;
+            }
+            pack_p_rows(P, tm, L.as<float>(), ldl, 0, M, n);
+            pv_accumulate(O.ptr(), tm, P, 0, M, kv);
+            for (std::int64_t r = 0; r < M; ++r) {
+              const auto c = static_cast<std::size_t>((r / rows) * p.T + t0 + r % rows);
+              std::copy_n(O.row(r, Hp), Hp, out.o.data() + c * static_cast<std::size_t>(Hp));
             }
           }
         }
@@ -69,7 +79,7 @@ void kernel1_attention(const Problem& p) {
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t r = 0; r < p.G * p.T; ++r) {
         const auto c = static_cast<std::size_t>(r);
-        write_output_row(p, b, kh, r / p.T, r % p.T, in.o.data() + c * static_cast<std::size_t>(p.H),
+        write_output_row(p, b, kh, r / p.T, r % p.T, in.o.data() + c * static_cast<std::size_t>(Hp),
                          in.m[c], in.denom[c]);
       }
     }

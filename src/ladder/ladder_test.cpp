@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/problem.hpp"
+#include "kernels/cpu_features.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "testing/attention_case.hpp"
@@ -61,6 +62,27 @@ TEST_P(Ladder, MatchesReferenceOnAwkwardShapes) {
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
                           << dtype_name(dtype) << ": " << r.describe();
       }
+}
+
+// The rungs' matmuls and exps run on the active instruction set's micro-kernels: check every path
+// this machine supports (CI sets no FLASHGQA_ISA).
+TEST_P(Ladder, MatchesReferenceOnEveryInstructionSet) {
+  const Isa saved = active_isa();
+  int seed = 50;
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const Shape& shape : {Shape{1, 2, 3, 29, 45, 80}, Shape{2, 1, 2, 17, 70, 64}})
+      for (Precision precision : {Precision::bf16, Precision::f32}) {
+        Options o = options();
+        o.precision = precision;
+        o.causal = shape.B == 2;
+        AttentionCase c = make_case(shape, DType::bf16, DType::f32, Layout::padded, ++seed);
+        const ErrorReport r = run_and_check(c, o);
+        EXPECT_TRUE(r.ok) << isa_name(isa) << " " << testing::to_string(shape) << " "
+                          << precision_name(precision) << ": " << r.describe();
+      }
+  }
+  set_isa(saved);
 }
 
 TEST_P(Ladder, MatchesReferenceWithSmallBlocksAndRemainders) {

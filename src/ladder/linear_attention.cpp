@@ -11,31 +11,40 @@
 namespace flashgqa {
 
 void linear_attention_chunked(const Problem& p) {
-  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV);
+  const TileMath tm(p);
+  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV), mr = tm.kern->mr;
   const std::int64_t M = p.G * p.T;
-  std::vector<float> Q(static_cast<std::size_t>(M * p.H)), O(Q.size());
-  std::vector<float> Kb(static_cast<std::size_t>(bkv * p.H)), Vb(Kb.size());
-  std::vector<float> W(static_cast<std::size_t>(M * bkv));
+  QRows Q;
+  KvBlock kv;
+  PRows P;
+  P.reserve(tm, M, tm.pad_keys(bkv));
+  AccRows O;
+  AlignedBuffer W(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      load_q_block(Q.data(), p, b, kh, 0, p.T);
-      std::fill(O.begin(), O.end(), 0.0f);
+      pack_q_block(Q, tm, p, b, kh, 0, p.T);
+      O.assign_zero(M, tm.Hp);
       for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
         if (p.kv_block_masked(s0, p.T)) break;
         const std::int64_t n = std::min(bkv, p.S - s0);
-        load_k_block(Kb.data(), p, b, kh, s0, n);
-        load_v_block(Vb.data(), p, b, kh, s0, n);
+        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        const std::int64_t ldw = kv.npad;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
-        for (std::int64_t m = 0; m < M; ++m) {
-          float* w = W.data() + m * n;
-          qk_logits(w, Q.data() + m * p.H, 1, Kb.data(), n, p.H, p.scale);
-          const std::int64_t visible = p.visible_keys(m % p.T) - s0;
-          for (std::int64_t j = 0; j < n; ++j) w[j] = j < visible ? round_weight(w[j], p.precision) : 0.0f;
-          pv_accumulate(O.data() + m * p.H, w, 1, n, Vb.data(), p.H);
+        for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
+          const std::int64_t r1 = std::min(r0 + mr, M);
+          float* w = W.as<float>();
+          qk_logits(w, ldw, tm, Q, r0, r1, kv, p.scale);  // w = scale q kᵀ
+          for (std::int64_t m = r0; m < r1; ++m) {
+            const std::int64_t visible = p.visible_keys(m % p.T) - s0;
+            float* row = w + m * ldw;
+            for (std::int64_t j = 0; j < n; ++j) row[j] = j < visible ? round_weight(row[j], p.precision) : 0.0f;
+          }
+          pack_p_rows(P, tm, w, ldw, r0, r1, n);
+          pv_accumulate(O.ptr(), tm, P, r0, r1, kv);  // o += w v
         }
       }
       for (std::int64_t m = 0; m < M; ++m)
-        store_row(p.out_row(b, kh, m / p.T, m % p.T), p.out_dtype, O.data() + m * p.H, p.H);
+        store_row(p.out_row(b, kh, m / p.T, m % p.T), p.out_dtype, O.row(m, tm.Hp), p.H);
     }
 }
 

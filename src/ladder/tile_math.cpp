@@ -1,62 +1,142 @@
 #include "ladder/tile_math.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/dtype.hpp"
 
 namespace flashgqa {
 
-void load_q_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t t0,
-                  std::int64_t rows) {
+TileMath::TileMath(const Problem& p)
+    : kern(&kernels_for(active_isa(), p.precision)),
+      H(p.H),
+      Hp((p.H + kHTile - 1) / kHTile * kHTile),
+      operand_bytes(kern->operand_bytes),
+      round_bf16(p.precision == Precision::bf16) {}
+
+namespace {
+
+PackSource row_source(const TileMath& tm, const void* src, DType dtype) {
+  PackSource s{};
+  s.src = src;
+  s.dtype = dtype;
+  s.H = tm.H;
+  s.Hp = tm.Hp;
+  s.round_bf16 = tm.round_bf16;
+  return s;
+}
+
+char* row_at(const AlignedBuffer& buf, const TileMath& tm, std::int64_t ld, std::int64_t r) {
+  return buf.as<char>() + r * ld * tm.operand_bytes;
+}
+
+}  // namespace
+
+void pack_q_block(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                  std::int64_t t0, std::int64_t rows) {
+  dst.M = p.G * rows;
+  if (dst.data.bytes() < static_cast<std::size_t>(dst.M * tm.Hp * tm.operand_bytes))
+    dst.data.reset(static_cast<std::size_t>(dst.M * tm.Hp * tm.operand_bytes));
   for (std::int64_t g = 0; g < p.G; ++g)
     for (std::int64_t r = 0; r < rows; ++r)
-      load_row(dst + (g * rows + r) * p.H, p.q_row(b, kh, g, t0 + r), p.q_dtype, p.H, p.precision);
+      tm.kern->pack_q_row(row_at(dst.data, tm, tm.Hp, g * rows + r),
+                          row_source(tm, p.q_row(b, kh, g, t0 + r), p.q_dtype));
 }
 
-void load_k_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t s0,
-                  std::int64_t n) {
-  for (std::int64_t j = 0; j < n; ++j)
-    load_row(dst + j * p.H, p.k_row(b, kh, s0 + j), p.k_dtype, p.H, p.precision);
+void pack_q_head(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                 std::int64_t g) {
+  dst.M = p.T;
+  if (dst.data.bytes() < static_cast<std::size_t>(dst.M * tm.Hp * tm.operand_bytes))
+    dst.data.reset(static_cast<std::size_t>(dst.M * tm.Hp * tm.operand_bytes));
+  for (std::int64_t t = 0; t < p.T; ++t)
+    tm.kern->pack_q_row(row_at(dst.data, tm, tm.Hp, t), row_source(tm, p.q_row(b, kh, g, t), p.q_dtype));
 }
 
-void load_v_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t s0,
-                  std::int64_t n) {
-  for (std::int64_t j = 0; j < n; ++j)
-    load_row(dst + j * p.H, p.v_row(b, kh, s0 + j), p.v_dtype, p.H, p.precision);
+void pack_kv_block(KvBlock& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                   std::int64_t s0, std::int64_t n) {
+  dst.n = n;
+  dst.npad = tm.pad_keys(n);
+  const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(dst.npad, kPanelKeys) * tm.Hp * tm.operand_bytes);
+  if (dst.k.bytes() < bytes) dst.k.reset(bytes), dst.v.reset(bytes);
+  PackSource k = row_source(tm, p.k_row(b, kh, s0), p.k_dtype);
+  k.ld = p.k_stride[2];
+  k.n = n;
+  PackSource v = row_source(tm, p.v_row(b, kh, s0), p.v_dtype);
+  v.ld = p.v_stride[2];
+  v.n = n;
+  tm.kern->pack_k(dst.k.data(), k);
+  tm.kern->pack_v(dst.v.data(), v);
 }
 
-void qk_logits(float* L, const float* Q, std::int64_t M, const float* Kb, std::int64_t N,
-               std::int64_t H, float scale) {
-  for (std::int64_t m = 0; m < M; ++m)
-    for (std::int64_t n = 0; n < N; ++n) {
-      const float* q = Q + m * H;
-      const float* k = Kb + n * H;
-      float acc = 0.0f;
-      for (std::int64_t h = 0; h < H; ++h) acc += q[h] * k[h];
-      L[m * N + n] = scale * acc;
+void qk_logits(float* L, std::int64_t ldl, const TileMath& tm, const QRows& Q, std::int64_t r0,
+               std::int64_t r1, const KvBlock& kv, float scale) {
+  const std::int64_t panel_elems = tm.Hp * kPanelKeys;
+  for (std::int64_t r = r0; r < r1; r += tm.kern->mr)
+    for (std::int64_t c = 0; c < kv.npad / kPanelKeys; ++c) {
+      QkTile t{};
+      t.s = L + r * ldl + c * kPanelKeys;
+      t.lds = ldl;
+      t.q = row_at(Q.data, tm, tm.Hp, r);
+      t.ldq = tm.Hp;
+      t.k = kv.k.as<char>() + c * panel_elems * tm.operand_bytes;
+      t.Hp = tm.Hp;
+      t.scale = scale;
+      t.rows = static_cast<int>(std::min<std::int64_t>(tm.kern->mr, r1 - r));
+      tm.kern->qk_tile(t);
     }
 }
 
-void pv_accumulate(float* O, const float* P, std::int64_t M, std::int64_t N, const float* V,
-                   std::int64_t H) {
-  for (std::int64_t m = 0; m < M; ++m) {
-    float* o = O + m * H;
-    for (std::int64_t n = 0; n < N; ++n) {
-      const float w = P[m * N + n];
-      const float* v = V + n * H;
-      for (std::int64_t h = 0; h < H; ++h) o[h] += w * v[h];
-    }
+void AccRows::assign_zero(std::int64_t M, std::int64_t Hp) {
+  const auto bytes = static_cast<std::size_t>(M * Hp) * sizeof(float);
+  if (data.bytes() < bytes) data.reset(bytes);
+  if (bytes > 0) std::memset(data.data(), 0, bytes);
+}
+
+void PRows::reserve(const TileMath& tm, std::int64_t rows, std::int64_t npad) {
+  ld = npad;
+  const auto bytes = static_cast<std::size_t>(rows * npad * tm.operand_bytes);
+  if (data.bytes() < bytes) data.reset(bytes);
+}
+
+void pack_p_rows(PRows& dst, const TileMath& tm, const float* W, std::int64_t ldw, std::int64_t r0,
+                 std::int64_t r1, std::int64_t n) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    PackSource s{};
+    s.src = W + r * ldw;
+    s.dtype = DType::f32;
+    s.H = n;
+    s.Hp = dst.ld;
+    s.round_bf16 = tm.round_bf16;
+    tm.kern->pack_q_row(row_at(dst.data, tm, dst.ld, r), s);
   }
 }
 
-void mask_logits(float* L, const Problem& p, std::int64_t M, std::int64_t t0, std::int64_t rows,
-                 std::int64_t s0, std::int64_t N) {
+void pv_accumulate(float* O, const TileMath& tm, const PRows& P, std::int64_t r0, std::int64_t r1,
+                   const KvBlock& kv) {
+  for (std::int64_t r = r0; r < r1; r += tm.kern->mr)
+    for (std::int64_t c = 0; c < tm.Hp / kHTile; ++c) {
+      PvTile t{};
+      t.o = O + r * tm.Hp + c * kHTile;
+      t.ldo = tm.Hp;
+      t.p = row_at(P.data, tm, P.ld, r);
+      t.ldp = P.ld;
+      t.v = kv.v.as<char>() + c * kv.npad * kHTile * tm.operand_bytes;
+      t.nkeys = kv.npad;
+      t.corr = nullptr;
+      t.rows = static_cast<int>(std::min<std::int64_t>(tm.kern->mr, r1 - r));
+      tm.kern->pv_tile(t);
+    }
+}
+
+void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
+                 std::int64_t rows, std::int64_t s0, std::int64_t N) {
   if (!p.causal) return;
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   for (std::int64_t m = 0; m < M; ++m) {
     const std::int64_t visible = p.visible_keys(t0 + m % rows);
-    for (std::int64_t n = std::max<std::int64_t>(visible - s0, 0); n < N; ++n) L[m * N + n] = kMinusInf;
+    for (std::int64_t n = std::max<std::int64_t>(visible - s0, 0); n < N; ++n) L[m * ldl + n] = kMinusInf;
   }
 }
 
@@ -64,19 +144,21 @@ float round_weight(float w, Precision precision) {
   return precision == Precision::bf16 ? round_to_bf16(w) : w;
 }
 
-float online_softmax_update(float* p, const float* l, std::int64_t n, float& m, float& l_sum,
-                           Precision precision) {
+float online_softmax_update(const TileMath& tm, float* p, const float* l, std::int64_t n, float& m,
+                            float& l_sum, Precision precision) {
   float m_new = m;
   for (std::int64_t j = 0; j < n; ++j)
     if (l[j] > m_new) m_new = l[j];
   // While every logit so far is -inf (masked), subtract 0 so exp gives 0, not NaN.
   const float base = std::isinf(m_new) && m_new < 0 ? 0.0f : m_new;
-  const float corr = std::exp(m - base);
+  for (std::int64_t j = 0; j < n; ++j) p[j] = l[j] - base;
+  exp_row(tm, p, p, n);
+  float corr = m - base;
+  exp_row(tm, &corr, &corr, 1);
   float sum = 0.0f;
   for (std::int64_t j = 0; j < n; ++j) {
-    const float w = std::exp(l[j] - base);
-    sum += w;
-    p[j] = round_weight(w, precision);
+    sum += p[j];
+    p[j] = round_weight(p[j], precision);
   }
   l_sum = l_sum * corr + sum;
   m = m_new;

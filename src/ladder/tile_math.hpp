@@ -1,55 +1,102 @@
-// Portable tile operations shared by the rungs of the ladder: loading operand blocks (rounded per
-// the precision rule), the two matmuls with fp32 accumulation, causal masking, and the online
-// softmax update. Plain loops: the rungs differ in where their carries live, not in these.
+// Tile operations shared by the rungs of the ladder. The two matmuls and the exps run on the
+// micro-kernels of the active instruction set (kernels/microkernels.hpp: packed operands, register
+// tiles), the same ones flash uses, so the rungs differ only in what the seed's ladder changes —
+// where the logits and the carries live — and `flashgqa bench` measures exactly that.
 //
 // A q block holds `rows` queries [t0, t0 + rows) of all G heads of one kv head: row m of the block is
 // head g = m / rows, query t = t0 + m % rows (G·rows rows, so every K/V row serves the whole group).
+// Row-range functions take rows [r0, r1) so rungs can spread row tiles over threads.
 #pragma once
 
 #include <cstdint>
 
 #include "core/problem.hpp"
+#include "flash/aligned_buffer.hpp"
+#include "kernels/microkernels.hpp"
 
 namespace flashgqa {
 
-// dst [G·rows, H] <- q[b, kh, :, t0:t0+rows, :] as fp32 operands.
-void load_q_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t t0,
-                  std::int64_t rows);
-// dst [n, H] <- k[b, kh, s0:s0+n, :] (or v) as fp32 operands.
-void load_k_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t s0,
-                  std::int64_t n);
-void load_v_block(float* dst, const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t s0,
-                  std::int64_t n);
+// The kernels (active instruction set, p.precision) and the padded head dim, chosen once per call.
+struct TileMath {
+  explicit TileMath(const Problem& p);
+  const FlashKernels* kern;
+  std::int64_t H, Hp;          // Hp: H padded to the kernels' column tile
+  std::int64_t operand_bytes;  // 2 (bf16 pairs) or 4 (fp32)
+  bool round_bf16;             // Precision::bf16
+  std::int64_t pad_keys(std::int64_t n) const { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
+};
 
-// L [M, N] <- scale · Q [M, H] · Kᵀ, Kb [N, H]; fp32 accumulation in h order.
-void qk_logits(float* L, const float* Q, std::int64_t M, const float* Kb, std::int64_t N,
-               std::int64_t H, float scale);
+// fp32 accumulator rows [M][Hp], 64-byte aligned as the kernels require, zeroed.
+struct AccRows {
+  AlignedBuffer data;
+  void assign_zero(std::int64_t M, std::int64_t Hp);
+  float* row(std::int64_t r, std::int64_t Hp) const { return data.as<float>() + r * Hp; }
+  float* ptr() const { return data.as<float>(); }
+};
 
-// O [M, H] += P [M, N] · V [N, H]; fp32 accumulation in n order.
-void pv_accumulate(float* O, const float* P, std::int64_t M, std::int64_t N, const float* V,
-                   std::int64_t H);
+// Packed q rows [M][Hp] (operands).
+struct QRows {
+  AlignedBuffer data;
+  std::int64_t M = 0;
+};
+// The G·rows rows of a q block (order above).
+void pack_q_block(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                  std::int64_t t0, std::int64_t rows);
+// The T rows of one head g.
+void pack_q_head(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                 std::int64_t g);
 
-// Sets L[m, n] = -inf (m < M) where key s0 + n is masked for row m's query t0 + m % rows (the block
-// row order above; M = rows for a single head).
-void mask_logits(float* L, const Problem& p, std::int64_t M, std::int64_t t0, std::int64_t rows,
-                 std::int64_t s0, std::int64_t N);
+// A KV block, keys [s0, s0 + n) packed for qk_tile and pv_tile, zero padded to npad keys.
+struct KvBlock {
+  AlignedBuffer k, v;
+  std::int64_t n = 0, npad = 0;
+};
+void pack_kv_block(KvBlock& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+                   std::int64_t s0, std::int64_t n);
+
+// L [r][0..npad) <- scale · q_r · k_j for rows [r0, r1); ldl a multiple of 16 (keys past n give 0).
+void qk_logits(float* L, std::int64_t ldl, const TileMath& tm, const QRows& Q, std::int64_t r0,
+               std::int64_t r1, const KvBlock& kv, float scale);
+
+// Packed weights [rows][npad] (operands), for P·V.
+struct PRows {
+  AlignedBuffer data;
+  std::int64_t ld = 0;  // = npad
+  void reserve(const TileMath& tm, std::int64_t rows, std::int64_t npad);
+};
+// P rows [r0, r1) <- W [r][0..n) (fp32 weights, already rounded per the precision), zero padded.
+void pack_p_rows(PRows& dst, const TileMath& tm, const float* W, std::int64_t ldw, std::int64_t r0,
+                 std::int64_t r1, std::int64_t n);
+// O [r][0..Hp) += P[r] · V for rows [r0, r1); O rows have leading dimension Hp.
+void pv_accumulate(float* O, const TileMath& tm, const PRows& P, std::int64_t r0, std::int64_t r1,
+                   const KvBlock& kv);
+
+// Sets L[m, n] = -inf (m < M, row stride ldl) where key s0 + n is masked for row m's query
+// t0 + m % rows (the block row order above; rows = M for a single head).
+void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
+                 std::int64_t rows, std::int64_t s0, std::int64_t N);
 
 // Rounds a softmax weight per the precision rule (bf16 for P·V under Precision::bf16).
 float round_weight(float w, Precision precision);
 
+// dst[0..n) = exp(src[0..n)) with the kernels' vectorised exp (in place allowed).
+inline void exp_row(const TileMath& tm, float* dst, const float* src, std::int64_t n) {
+  tm.kern->exp_n(dst, src, n);
+}
+
 // One online-softmax step for one row: logits l [n] (masked entries -inf), running max m and sum
-// l_sum (updated). Writes the weights p [n] = exp(l - m_new), rounded for P·V, sums them unrounded,
-// and returns the factor exp(m_old - m_new) by which the row's accumulator must be multiplied.
-// A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
-float online_softmax_update(float* p, const float* l, std::int64_t n, float& m, float& l_sum,
-                           Precision precision);
+// l_sum (updated). Writes the weights p [n] = exp(l - m_new), rounded for P·V (in place allowed),
+// sums them unrounded, and returns the factor exp(m_old - m_new) by which the row's accumulator must
+// be multiplied. A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
+float online_softmax_update(const TileMath& tm, float* p, const float* l, std::int64_t n, float& m,
+                            float& l_sum, Precision precision);
 
 // Writes out row = acc / l_sum in out's dtype and lse = m + log(l_sum) (if p.lse). A row that saw no
 // key (l_sum == 0) gets 0 and -inf.
 void write_output_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g,
                       std::int64_t t, float* acc, float m, float l_sum);
 
-// Number of G·rows q blocks and the block for an automatic (0) size.
+// The requested block size, or `automatic` for 0.
 inline std::int64_t block_or(std::int64_t requested, std::int64_t automatic) {
   return requested > 0 ? requested : automatic;
 }

@@ -85,8 +85,8 @@ double memory_bytes(Algorithm algorithm, const Shape& s, DType dtype, std::int64
   const double gt = d(s.G) * d(s.T), sh = d(s.S) * d(s.H);
   const double th = d(threads);
   switch (algorithm) {
-    case Algorithm::naive:  // K, V of one head in fp32, q rows, the [T, S] logits
-      return io + kF32 * (2 * sh + d(s.T) * d(s.H) + d(s.T) * d(s.S));
+    case Algorithm::naive:  // packed K, V, q of one head, the [T, S] logits (fp32) and weights (bf16)
+      return io + kF32 * (2 * sh + d(s.T) * d(s.H) + d(s.T) * d(s.S)) + kBf16 * d(s.T) * d(s.S);
     case Algorithm::chunked_unstable:
     case Algorithm::chunked:  // Q, O of all G·T rows, one chunk of logits and weights
       return io + kF32 * (2 * gt * d(s.H) + 2 * gt + 2 * gt * d(block_kv) + 2 * d(block_kv) * d(s.H));
