@@ -1,17 +1,18 @@
 #include "study/ceilings.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <new>
 #include <sstream>
 #include <vector>
 
+#include "flash/aligned_buffer.hpp"
 #include "flashgqa/flashgqa.hpp"
 #include "kernels/cpu_features.hpp"
 #include "study/tune_cache.hpp"
@@ -24,6 +25,8 @@ namespace flashgqa::study {
 namespace {
 
 constexpr const char* kHeader = "# flashgqa ceilings v1";
+
+std::atomic<long> g_sink_bytes{0};  // keeps the measured loops' results alive
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -54,11 +57,6 @@ Ceiling measure(int threads, int repeats, const std::function<double(int)>& work
   return {rates[rates.size() / 2], rates.front(), rates.back()};
 }
 
-struct AlignedBuffer {
-  void* data;
-  explicit AlignedBuffer(std::size_t bytes) : data(::operator new(bytes, std::align_val_t{64})) {}
-  ~AlignedBuffer() { ::operator delete(data, std::align_val_t{64}); }
-};
 
 // A portable read loop for machines without AVX2.
 double read_loop_portable(const void* data, long bytes, long* sink) {
@@ -106,9 +104,71 @@ bool parse_line(const std::string& line, Ceilings& c) {
   return in.peek() == EOF;
 }
 
+
+// Per-thread buffers, first touched by the thread that reads them.
+std::vector<AlignedBuffer> thread_buffers(int threads, std::size_t bytes) {
+  std::vector<AlignedBuffer> buffers(static_cast<std::size_t>(threads));
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int i = 0; i < threads; ++i) {
+    AlignedBuffer& b = buffers[static_cast<std::size_t>(i)];
+    b.reset(bytes);
+    std::memset(b.data(), 1, b.bytes());
+  }
+  return buffers;
+}
+
+// One streaming pass over `bytes` with the widest loads this CPU has.
+double read_pass(const void* p, long bytes) {
+  long sink = 0;
+  const double b = isa_supported(Isa::avx512f) ? detail::read_loop_avx512(p, bytes, &sink)
+                   : isa_supported(Isa::avx2)  ? detail::read_loop_avx2(p, bytes, &sink)
+                                               : read_loop_portable(p, bytes, &sink);
+  g_sink_bytes.fetch_add(sink * 0, std::memory_order_relaxed);
+  return b;
+}
+
+double fma_run() {
+  float s = 0;
+  const double f = isa_supported(Isa::avx512f) ? detail::f32_fma_loop_avx512(2'000'000, &s)
+                   : isa_supported(Isa::avx2)  ? detail::f32_fma_loop_avx2(2'000'000, &s)
+                                               : fma_loop_portable(4'000'000, &s);
+  g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
+  return f;
+}
+
 }  // namespace
 
 std::string ceilings_cache_path() { return user_cache_dir() + "/ceilings.tsv"; }
+
+Ceiling measure_f32_peak(int threads, int repeats) {
+  return measure(threads, repeats, [](int) { return fma_run(); });
+}
+
+Ceiling measure_bf16_peak(int threads, int repeats) {
+  if (!isa_supported(Isa::avx512bf16)) return measure_f32_peak(threads, repeats);
+  return measure(threads, repeats, [](int) {
+    float s = 0;
+    const double f = detail::bf16_dot_loop(2'000'000, &s);
+    g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
+    return f;
+  });
+}
+
+Ceiling measure_dram_read(int threads, int repeats) {
+  constexpr long kBytes = 128L << 20;  // far beyond any cache
+  const auto buffers = thread_buffers(threads, kBytes);
+  return measure(threads, repeats, [&](int id) { return read_pass(buffers[static_cast<std::size_t>(id)].data(), kBytes); });
+}
+
+Ceiling measure_l2_read(int threads, int repeats) {
+  constexpr long kBytes = 256L << 10;  // beyond L1, within L2
+  const auto buffers = thread_buffers(threads, kBytes);
+  return measure(threads, repeats, [&](int id) {
+    double bytes = 0;
+    for (int pass = 0; pass < 1024; ++pass) bytes += read_pass(buffers[static_cast<std::size_t>(id)].data(), kBytes);
+    return bytes;
+  });
+}
 
 Ceilings measure_ceilings(int threads, int repeats) {
   threads = std::max(threads, 1);
@@ -116,63 +176,14 @@ Ceilings measure_ceilings(int threads, int repeats) {
   Ceilings c;
   c.cpu = cpu_model();
   c.threads = threads;
-  float fsink = 0;
-  long lsink = 0;
-  const bool bf16 = isa_supported(Isa::avx512bf16), avx512 = isa_supported(Isa::avx512f),
-             avx2 = isa_supported(Isa::avx2);
-  // Compute peaks: ~0.1 s per run per thread.
-  auto fma = [&](int) {
-    float s = 0;
-    const double f = avx512 ? detail::f32_fma_loop_avx512(2'000'000, &s)
-                     : avx2 ? detail::f32_fma_loop_avx2(2'000'000, &s)
-                            : fma_loop_portable(4'000'000, &s);
-    fsink += s * 0;
-    return f;
-  };
-  c.f32_flops = measure(threads, repeats, fma);
-  if (bf16) {
-    c.bf16_instruction = "vdpbf16ps";
-    c.bf16_flops = measure(threads, repeats, [&](int) {
-      float s = 0;
-      const double f = detail::bf16_dot_loop(2'000'000, &s);
-      fsink += s * 0;
-      return f;
-    });
-  } else {
-    c.bf16_instruction = avx512 ? "vfmadd231ps zmm (bf16 widened)" : avx2 ? "vfmadd231ps ymm (bf16 widened)"
-                                                                          : "scalar fp32 (bf16 widened)";
-    c.bf16_flops = c.f32_flops;
-  }
-  auto read = [&](const void* p, long bytes) {
-    long s = 0;
-    const double b = avx512 ? detail::read_loop_avx512(p, bytes, &s)
-                     : avx2 ? detail::read_loop_avx2(p, bytes, &s)
-                            : read_loop_portable(p, bytes, &s);
-    lsink += s * 0;
-    return b;
-  };
-  // DRAM: each thread streams its own 128 MiB (far beyond any cache), first touched by that thread.
-  constexpr long kDramBytes = 128L << 20;
-  std::vector<std::unique_ptr<AlignedBuffer>> dram(static_cast<std::size_t>(threads));
-  for (auto& b : dram) {
-    b = std::make_unique<AlignedBuffer>(kDramBytes);
-    std::memset(b->data, 1, kDramBytes);
-  }
-  c.dram_bytes = measure(threads, repeats, [&](int id) { return read(dram[static_cast<std::size_t>(id)]->data, kDramBytes); });
-  dram.clear();
-  // L2: each thread rereads 256 KiB (beyond L1, within L2) 1024 times.
-  constexpr long kL2Bytes = 256L << 10;
-  std::vector<std::unique_ptr<AlignedBuffer>> l2(static_cast<std::size_t>(threads));
-  for (auto& b : l2) {
-    b = std::make_unique<AlignedBuffer>(kL2Bytes);
-    std::memset(b->data, 1, kL2Bytes);
-  }
-  c.l2_bytes = measure(threads, repeats, [&](int id) {
-    double bytes = 0;
-    for (int pass = 0; pass < 1024; ++pass) bytes += read(l2[static_cast<std::size_t>(id)]->data, kL2Bytes);
-    return bytes;
-  });
-  if (fsink != 0 || lsink == 42) c.cpu += "";  // keep the sinks alive
+  c.bf16_instruction = isa_supported(Isa::avx512bf16) ? "vdpbf16ps"
+                       : isa_supported(Isa::avx512f)  ? "vfmadd231ps zmm (bf16 widened)"
+                       : isa_supported(Isa::avx2)     ? "vfmadd231ps ymm (bf16 widened)"
+                                                      : "scalar fp32 (bf16 widened)";
+  c.f32_flops = measure_f32_peak(threads, repeats);
+  c.bf16_flops = measure_bf16_peak(threads, repeats);
+  c.dram_bytes = measure_dram_read(threads, repeats);
+  c.l2_bytes = measure_l2_read(threads, repeats);
   return c;
 }
 

@@ -25,6 +25,13 @@ struct Ceilings {
 // Runs the micro-benchmarks (a few seconds).
 Ceilings measure_ceilings(int threads, int repeats = 5);
 
+// The single ceilings, each over `repeats` runs after a warm-up on `threads` threads (the benchmark
+// measures them right before each of its runs).
+Ceiling measure_bf16_peak(int threads, int repeats);  // vdpbf16ps, or the fp32 FMA without it
+Ceiling measure_f32_peak(int threads, int repeats);
+Ceiling measure_dram_read(int threads, int repeats);  // 128 MiB streamed per thread
+Ceiling measure_l2_read(int threads, int repeats);    // 256 KiB reread per thread
+
 // The cached ceilings for this CPU and thread count, or measured (and cached) ones when none are
 // cached or `remeasure`. `from_cache` tells which. A corrupt cache file is ignored.
 Ceilings machine_ceilings(int threads, bool remeasure, bool* from_cache = nullptr);
