@@ -3,6 +3,7 @@
 // the tune cache, which flash then uses for shapes of that class when no blocks are given.
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "cli/args.hpp"
@@ -77,6 +78,7 @@ int tune_command(const std::vector<std::string>& words) {
   std::printf("\n");
   double best = std::numeric_limits<double>::infinity();
   std::int64_t best_q = 0, best_kv = 0;
+  std::map<std::int64_t, std::vector<std::string>> by_area;  // bq x bkv -> cells "(bq, bkv) ms"
   for (std::int64_t bq : bqs) {
     std::printf("%10lld", static_cast<long long>(bq));
     for (std::int64_t bkv : bkvs) {
@@ -86,6 +88,10 @@ int tune_command(const std::vector<std::string>& words) {
         const double ms = study::time_attention(inputs, o, repeats).median_s * 1e3;
         std::printf(" %9.2f", ms);
         if (ms < best) best = ms, best_q = bq, best_kv = bkv;
+        char cell[64];
+        std::snprintf(cell, sizeof cell, "(%lld, %lld) %.2f ms", static_cast<long long>(bq),
+                      static_cast<long long>(bkv), ms);
+        by_area[bq * bkv].push_back(cell);
       } catch (const Error&) {  // a size this path cannot take
         std::printf(" %9s", "n/a");
       }
@@ -94,6 +100,16 @@ int tune_command(const std::vector<std::string>& words) {
     std::printf("\n");
   }
   if (best_q == 0) throw Error("tune: no block pair in the grid is usable for this shape");
+  // The seed's comparison: pairs with the same tile area bq x bkv (what fits VMEM on the TPU), the
+  // largest area that has several.
+  for (auto it = by_area.rbegin(); it != by_area.rend(); ++it)
+    if (it->second.size() > 1) {
+      std::printf("same tile area bq x bkv = %lld (the seed's (512, 2048) vs (256, 4096)):",
+                  static_cast<long long>(it->first));
+      for (const std::string& c : it->second) std::printf("  %s", c.c_str());
+      std::printf("\n");
+      break;
+    }
   std::printf("best: block_q %lld, block_kv %lld, %.2f ms\n", static_cast<long long>(best_q),
               static_cast<long long>(best_kv), best);
   if (!args.has("no-store")) {
