@@ -61,6 +61,11 @@ int roofline_command(const std::vector<std::string>& words) {
   print_ceiling("fp32 FMA peak", c.f32_flops, 1e9, "GFLOP/s");
   print_ceiling("DRAM read bandwidth", c.dram_bytes, 1e9, "GB/s");
   print_ceiling("L2 read bandwidth", c.l2_bytes, 1e9, "GB/s");
+  constexpr double kBusySpread = 0.2;  // a spread this wide means other work shared the cores
+  if (c.bf16_flops.spread() > kBusySpread || c.dram_bytes.spread() > kBusySpread)
+    std::printf("  warning: the runs spread by more than %.0f%%; the machine looks busy and these ceilings may be\n"
+                "  low. Rerun `flashgqa roofline --remeasure` on a quiet machine to replace the cached ones.\n",
+                100 * kBusySpread);
   const study::Machine dram{c.bf16_flops.median, c.dram_bytes.median};
   const double bal = study::balance(dram);
   std::printf("balance point: %.1f FLOP/byte against DRAM, %.1f against L2 (the seed's TPU v6e: 561)\n", bal,
