@@ -20,6 +20,9 @@
 // q block's KV range is split into pieces whose partial (O, m, l) are merged by log-sum-exp in a fixed
 // order afterwards; the split count depends on the shapes only, so the result is bitwise the same for
 // any number of threads.
+//
+// Problems with at most kDecodeMaxRows query rows per kv head (decode) on a kernel set with decode
+// kernels go to flash_decode.cpp instead: K and V rows streamed in address order, nothing packed.
 #include "flash/flash_fast.hpp"
 
 #include <algorithm>
@@ -31,6 +34,7 @@
 #include "core/dtype.hpp"
 #include "flash/aligned_buffer.hpp"
 #include "flash/block_sizes.hpp"
+#include "flash/flash_decode.hpp"
 #include "kernels/microkernels.hpp"
 
 #ifdef _OPENMP
@@ -262,6 +266,9 @@ void merge_splits(const Problem& p, const Plan& plan, const Merge& mg, const Par
 
 void flash_attention_fast(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return;
+  // A few query rows per kv head (decode): rows streamed in address order, no packing.
+  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+    return flash_attention_decode(p, kern);
   const Plan plan = make_plan(p, isa);
   const std::int64_t ntasks = static_cast<std::int64_t>(plan.tasks.size());
   const int nthreads =
@@ -291,6 +298,8 @@ void flash_attention_fast(const Problem& p) { flash_attention_fast(p, active_isa
 
 int flash_max_kv_splits(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return 1;
+  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+    return flash_decode_kv_splits(p, kern);
   const Plan plan = make_plan(p, isa);
   std::int64_t most = 1;
   for (const Merge& mg : plan.merges) most = std::max(most, mg.count);

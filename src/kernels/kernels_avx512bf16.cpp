@@ -166,7 +166,9 @@ const FlashKernels& avx512bf16_kernels() {
                               .exp_n = exp_n,
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
-                              .pack_v = pack_v};
+                              .pack_v = pack_v,
+                              .decode_qk_rows = avx512bf16_decode_qk_rows,
+                              .decode_pv_rows = avx512bf16_decode_pv_rows};
   return k;
 }
 

@@ -60,6 +60,21 @@
 //   pack_q_row:   dst[0..Hp) <- src[0..H), zero padded.
 //   pack_k:       K panels for keys 0..n of src (key j at src + j*ld elements), npad/32 panels.
 //   pack_v:       V panels for keys 0..n of src, Hp/32 panels of npad keys.
+//
+// Decode kernels (optional: null in a set that has none; the policy then takes the packed path).
+// For tasks whose rows fit one small tile (G*T <= kDecodeMaxRows, src/flash/flash_decode.cpp): K and V
+// are read straight from their source rows (any dtype, rounded to bf16 as the packers do, ld elements
+// between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
+// pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
+// of 32). `rows` is 1..kDecodeMaxRows. Each kernel
+// prefetches the source rows `prefetch` keys ahead of the one it reads, never at or beyond key
+// prefetch_end (relative to the block's key 0), so the DRAM stream runs ahead of the arithmetic.
+//   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
+//                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
+//                   order; lds >= round_up(n, 16)).
+//   decode_pv_rows: O[r][h] = O[r][h] * corr[r] + sum_{j<nkeys} P[r][j] V[j][h] for h < Hp (corr null:
+//                   no rescale; nkeys even, <= round_up(n, 2); keys j >= n are not read and count
+//                   as zero rows; each O element accumulates its keys in increasing j).
 // ---------------------------------------------------------------------------------------------------
 #pragma once
 
@@ -120,6 +135,40 @@ struct PackSource {
   bool round_bf16;
 };
 
+// Decode (see the contract above).
+constexpr int kDecodeMaxRows = 8;
+
+struct DecodeQk {
+  float* s;  // [rows][lds] fp32 logits
+  std::int64_t lds;
+  const void* q;  // [rows][ldq] bf16 Q rows (pack_q_row)
+  std::int64_t ldq;
+  const void* k;  // key 0 of the block
+  DType k_dtype;
+  std::int64_t ldk;  // elements between keys
+  std::int64_t n;    // keys
+  std::int64_t H, Hp;
+  float scale;
+  int rows;  // 1..kDecodeMaxRows
+  std::int64_t prefetch, prefetch_end;
+};
+
+struct DecodePv {
+  float* o;  // [rows][ldo] fp32 accumulators, Hp columns
+  std::int64_t ldo;
+  const void* p;  // [rows][ldp] bf16 weights, pairs along keys are words
+  std::int64_t ldp;
+  const void* v;  // key 0 of the block
+  DType v_dtype;
+  std::int64_t ldv;    // elements between keys
+  std::int64_t n;      // keys that may be read
+  std::int64_t nkeys;  // keys to accumulate: even, <= round_up(n, 2)
+  std::int64_t H, Hp;
+  const float* corr;  // [rows] rescale factors, or null
+  int rows;           // 1..kDecodeMaxRows
+  std::int64_t prefetch, prefetch_end;
+};
+
 struct FlashKernels {
   const char* name;
   int operand_bytes;  // 2: bf16 pairs, 4: fp32
@@ -131,6 +180,8 @@ struct FlashKernels {
   void (*pack_q_row)(void* dst, const PackSource& src);
   void (*pack_k)(void* dst, const PackSource& src);
   void (*pack_v)(void* dst, const PackSource& src);
+  void (*decode_qk_rows)(const DecodeQk& t) = nullptr;  // optional (bf16-pair family)
+  void (*decode_pv_rows)(const DecodePv& t) = nullptr;
 };
 
 // The kernel set for a path and precision: avx512bf16 for bf16, otherwise the fp32 family of the
@@ -143,5 +194,8 @@ const FlashKernels& portable_kernels();
 const FlashKernels& avx2_kernels();
 const FlashKernels& avx512f_kernels();
 const FlashKernels& avx512bf16_kernels();
+// The avx512bf16 set's decode kernels (kernels_avx512bf16_decode.cpp).
+void avx512bf16_decode_qk_rows(const DecodeQk& t);
+void avx512bf16_decode_pv_rows(const DecodePv& t);
 
 }  // namespace flashgqa

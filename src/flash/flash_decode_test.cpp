@@ -1,0 +1,225 @@
+// The decode path (few query rows per kv head: T = 1 or 2) through flash_attention_fast on every
+// instruction set this machine supports, against the float64 reference (reference/tolerance.hpp):
+// head sizes with and without padding, key counts that no block divides, causal offsets, the FA layout,
+// every input dtype and both precisions, bitwise identity across thread counts, NaN and empty rows.
+// Sets without decode kernels take the packed path for the same shapes, so these run there too.
+#include "flash/flash_decode.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "flash/flash_fast.hpp"
+#include "reference/reference.hpp"
+#include "reference/tolerance.hpp"
+#include "testing/attention_case.hpp"
+
+namespace flashgqa {
+namespace {
+
+using testing::AttentionCase;
+using testing::Layout;
+using testing::make_case;
+using testing::Shape;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Problem problem_of(AttentionCase& c, const Options& o) {
+  Options flash = o;
+  flash.algorithm = Algorithm::flash;
+  return make_problem(c.out, &c.lse, c.q, c.k, c.v, flash);
+}
+
+ErrorReport run_and_check(AttentionCase& c, const Options& o, Isa isa) {
+  const Problem p = problem_of(c, o);
+  flash_attention_fast(p, isa);
+  return check_against_reference(p, reference_attention(p));
+}
+
+std::vector<float> run_values(const Shape& shape, const Options& o, Isa isa, Layout layout = Layout::contiguous) {
+  AttentionCase c = make_case(shape, DType::bf16, DType::f32, layout, 23);
+  flash_attention_fast(problem_of(c, o), isa);
+  std::vector<float> v = c.out_values();
+  v.insert(v.end(), c.lse_buf.begin(), c.lse_buf.end() - 1);
+  return v;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class FlashDecode : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
+  }
+  Isa isa() const { return GetParam(); }
+};
+
+// T in {1, 2} x G in {1, 4, 8} x H in {64, 80, 128, 256}, S cycling through 1, 37, 1000, 4099 and the
+// input dtype through bf16, f32, f16; Precision::bf16 always, Precision::f32 on every other shape (the
+// suite also runs under the sanitizers).
+TEST_P(FlashDecode, MatchesReference) {
+  const std::int64_t keys[] = {1, 37, 1000, 4099};
+  const DType dtypes[] = {DType::bf16, DType::f32, DType::f16};
+  int i = 0;
+  for (std::int64_t T : {1, 2})
+    for (std::int64_t G : {1, 4, 8})
+      for (std::int64_t H : {64, 80, 128, 256}) {
+        const Shape shape{1, 2, G, T, keys[i % 4], H};
+        const DType dtype = dtypes[i % 3];
+        ++i;
+        for (Precision precision : {Precision::bf16, Precision::f32}) {
+          if (precision == Precision::f32 && i % 2 == 0) continue;
+          AttentionCase c = make_case(shape, dtype, dtype, Layout::contiguous, 1000 + i);
+          Options o;
+          o.precision = precision;
+          const ErrorReport r = run_and_check(c, o, isa());
+          EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
+                            << dtype_name(dtype) << ": " << r.describe();
+        }
+      }
+}
+
+// Decode-sized problems take the decode path where the set has decode kernels, with KV splits.
+TEST_P(FlashDecode, IsTakenWithSplits) {
+  AttentionCase c = make_case(Shape{1, 1, 4, 1, 3000, 128}, DType::bf16, DType::bf16, Layout::contiguous, 3);
+  Options o;
+  o.block_kv = 64;
+  const Problem p = problem_of(c, o);
+  const FlashKernels& k = kernels_for(isa(), p.precision);
+  if (k.decode_qk_rows) {
+    EXPECT_TRUE(flash_decode_applies(p, k));
+    EXPECT_GT(flash_decode_kv_splits(p, k), 1);
+  }
+  EXPECT_GT(flash_max_kv_splits(p, isa()), 1);
+  AttentionCase wide = make_case(Shape{1, 1, 8, 2, 30, 64}, DType::bf16, DType::bf16, Layout::contiguous, 3);
+  EXPECT_FALSE(flash_decode_applies(problem_of(wide, o), k));  // 16 rows: the packed path
+  flash_attention_fast(p, isa());
+  const ErrorReport r = check_against_reference(p, reference_attention(p));
+  EXPECT_TRUE(r.ok) << r.describe();
+}
+
+TEST_P(FlashDecode, BlocksThatDivideNothing) {
+  int seed = 50;
+  for (std::int64_t bkv : {1, 13, 45, 64, 5000})
+    for (bool causal : {false, true}) {
+      Options o;
+      o.block_kv = bkv;
+      o.causal = causal;
+      o.causal_offset = causal ? std::optional<std::int64_t>{500} : std::nullopt;
+      AttentionCase c = make_case(Shape{1, 2, 4, 2, 1001, 80}, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+      const ErrorReport r = run_and_check(c, o, isa());
+      EXPECT_TRUE(r.ok) << "block_kv " << bkv << (causal ? " causal" : "") << ": " << r.describe();
+    }
+}
+
+TEST_P(FlashDecode, CausalAtSeveralOffsets) {
+  int seed = 70;
+  for (const Shape& shape : {Shape{1, 1, 4, 1, 100, 128}, Shape{2, 1, 3, 2, 77, 64}})
+    for (std::optional<std::int64_t> offset :
+         {std::optional<std::int64_t>{}, std::optional<std::int64_t>{0}, std::optional<std::int64_t>{-1},
+          std::optional<std::int64_t>{5}, std::optional<std::int64_t>{40}, std::optional<std::int64_t>{-1000},
+          std::optional<std::int64_t>{1000}})
+      for (Precision precision : {Precision::bf16, Precision::f32}) {
+        Options o;
+        o.causal = true;
+        o.causal_offset = offset;
+        o.precision = precision;
+        o.block_kv = 32;
+        AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
+        const ErrorReport r = run_and_check(c, o, isa());
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset "
+                          << (offset ? std::to_string(*offset) : "default") << ": " << r.describe();
+      }
+}
+
+TEST_P(FlashDecode, FaLayoutGivesTheContiguousResult) {
+  for (const Shape& shape : {Shape{2, 3, 4, 1, 333, 128}, Shape{1, 2, 2, 2, 90, 80}}) {
+    Options o;
+    o.block_kv = 64;
+    const std::vector<float> base = run_values(shape, o, isa());
+    for (Layout layout : {Layout::fa, Layout::padded})
+      EXPECT_TRUE(bitwise_equal(base, run_values(shape, o, isa(), layout)))
+          << testing::to_string(shape) << " layout " << static_cast<int>(layout);
+  }
+}
+
+TEST_P(FlashDecode, SameBitsForAnyThreadCount) {
+  for (const Shape& shape : {Shape{1, 1, 4, 1, 3000, 128}, Shape{1, 3, 2, 2, 1500, 64}}) {
+    std::vector<float> results[3];
+    for (int threads : {1, 2, 3}) {
+      Options o;
+      o.threads = threads;
+      o.causal = true;
+      o.block_kv = 64;
+      results[threads - 1] = run_values(shape, o, isa());
+    }
+    EXPECT_TRUE(bitwise_equal(results[0], results[1])) << testing::to_string(shape);
+    EXPECT_TRUE(bitwise_equal(results[0], results[2])) << testing::to_string(shape);
+  }
+}
+
+TEST_P(FlashDecode, EmptyRowsGiveZeroAndMinusInfinity) {
+  // T = 2, offset -1: position 0 sees no key, position 1 sees key 0 only.
+  AttentionCase c = make_case(Shape{1, 2, 4, 2, 50, 64}, DType::f32, DType::f32, Layout::contiguous, 5);
+  Options o;
+  o.causal = true;
+  o.causal_offset = -1;
+  flash_attention_fast(problem_of(c, o), isa());
+  for (std::int64_t kh = 0; kh < 2; ++kh)
+    for (std::int64_t g = 0; g < 4; ++g) {
+      EXPECT_EQ(c.lse_at(0, kh, g, 0), -std::numeric_limits<float>::infinity());
+      EXPECT_TRUE(std::isfinite(c.lse_at(0, kh, g, 1)));
+      for (std::int64_t h = 0; h < 64; ++h) {
+        ASSERT_EQ(c.out_at(0, kh, g, 0, h), 0.0f);
+        ASSERT_TRUE(std::isfinite(c.out_at(0, kh, g, 1, h)));
+      }
+    }
+  AttentionCase none = make_case(Shape{1, 1, 4, 1, 0, 128}, DType::bf16, DType::bf16, Layout::contiguous, 1);
+  flash_attention_fast(problem_of(none, Options{}), isa());
+  for (float x : none.out_values()) ASSERT_EQ(x, 0.0f);
+}
+
+TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
+  const Shape shape{1, 1, 4, 1, 3000, 64};
+  Options o;
+  o.block_kv = 64;  // split: the NaN sits in one split and must survive the merge
+  {
+    AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
+    c.set_q(0, 0, 2, 0, 5, kNaN);
+    flash_attention_fast(problem_of(c, o), isa());
+    for (std::int64_t g = 0; g < 4; ++g) {
+      EXPECT_EQ(std::isnan(c.out_at(0, 0, g, 0, 0)), g == 2) << "g " << g;
+      EXPECT_EQ(std::isnan(c.lse_at(0, 0, g, 0)), g == 2) << "g " << g;
+    }
+  }
+  {
+    AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
+    c.set_v(0, 0, 2001, 7, kNaN);
+    flash_attention_fast(problem_of(c, o), isa());
+    for (std::int64_t g = 0; g < 4; ++g) {
+      EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 0, 7))) << "g " << g;
+      EXPECT_FALSE(std::isnan(c.out_at(0, 0, g, 0, 6))) << "g " << g;
+    }
+  }
+  {  // A NaN in the last key, masked for position 0 (it sees keys 0..2998): position 1 only.
+    AttentionCase c = make_case(Shape{1, 1, 2, 2, 3000, 64}, DType::f32, DType::f32, Layout::contiguous, 6);
+    c.set_v(0, 0, 2999, 0, kNaN);
+    Options causal = o;
+    causal.causal = true;
+    causal.causal_offset = 2998;
+    flash_attention_fast(problem_of(c, causal), isa());
+    for (std::int64_t g = 0; g < 2; ++g) EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 1, 0))) << "g " << g;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashDecode,
+                         ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
+                         [](const auto& info) { return std::string(isa_name(info.param)); });
+
+}  // namespace
+}  // namespace flashgqa

@@ -1,0 +1,197 @@
+// The avx512bf16 decode kernels (contract in microkernels.hpp): K and V read straight from their rows,
+// whole rows in address order, for tasks of at most kDecodeMaxRows query rows.
+// Compiled with the flags of kernels_avx512bf16.cpp (CMakeLists.txt).
+//
+// Decode does ~G FLOPs per K/V byte, so it is bound by the DRAM stream, not by vdpbf16ps: these
+// kernels spend instructions (a transpose-add, permutes) to avoid any packed copy, and prefetch every
+// line of the row `prefetch` keys ahead into L2 (_MM_HINT_T1: T0 and longer or shorter distances
+// measured no better, docs/performance.md).
+//   decode_qk_rows: per group of 16 keys and per row r, 16 accumulators (one per key) take
+//     `vdpbf16ps(q[r] chunk, k[j] chunk)` over the Hp/32 chunks of 32 h (q's chunk in a register,
+//     k's from L1 after the first row), then a 16x16 transpose-add turns them into 16 logits.
+//   decode_pv_rows: per group of 32 keys and per 64 columns (32 when more than 4 rows), two V rows
+//     are interleaved into bf16 pairs along keys (vpermt2w) and each row's broadcast P word (the same
+//     two keys) is accumulated with vdpbf16ps into the row's accumulators, loaded from and stored
+//     back to O (L1) once per group.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/avx512_helpers.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr int kQkGroup = 16;  // keys per transpose-add
+constexpr int kPvGroup = 32;  // keys per pass over the columns (8 KiB of bf16 V at H = 128: L1)
+using word_t = std::uint32_t __attribute__((may_alias));
+
+inline std::int64_t elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
+
+// Prefetches every line of rows [j0, j1) ∩ [0, end) of a source whose rows are ld_bytes apart.
+inline void prefetch_rows(const char* base, std::int64_t ld_bytes, std::int64_t row_bytes, std::int64_t j0,
+                          std::int64_t j1, std::int64_t end) {
+  if (j1 > end) j1 = end;
+  for (std::int64_t j = j0; j < j1; ++j)
+    for (std::int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(base + j * ld_bytes + b, _MM_HINT_T1);
+}
+
+// out lane j = sum of the 16 lanes of v[j] (v is clobbered).
+inline __m512 transpose_add16(__m512 v[16]) {
+  __m512 t[8];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's partial sums of keys 4i..4i+3
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Sum the four 128-bit lanes: pairs of lanes, then the pairs.
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
+// 32 operands of a source row from column h0, as bf16: a plain load when the row is bf16 and H is a
+// multiple of 32 (kPlain), otherwise converted, rounded and masked by load32_bf16.
+template <bool kPlain>
+inline __m512i load_row32(const char* row, DType dtype, std::int64_t h0, std::int64_t H) {
+  if (kPlain) return _mm512_loadu_si512(reinterpret_cast<const std::uint16_t*>(row) + h0);
+  return load32_bf16(row, dtype, h0, H);
+}
+
+// S[r][j0 .. j0+16) for R rows; keys j >= nj of the group are zero (kFull: nj = 16).
+template <int R, bool kPlain, bool kFull>
+inline void qk_group(const DecodeQk& t, const char* k0, std::int64_t ld_bytes, std::int64_t j0, int nj) {
+  const auto* q = static_cast<const std::uint16_t*>(t.q);
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  const char* kr = k0 + j0 * ld_bytes;
+  for (int r = 0; r < R; ++r) {
+    __m512 acc[kQkGroup];
+#pragma GCC unroll 16
+    for (int j = 0; j < kQkGroup; ++j) acc[j] = _mm512_setzero_ps();
+    for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 32) {
+      const __m512bh qc = (__m512bh)_mm512_load_si512(q + r * t.ldq + h0);
+#pragma GCC unroll 16
+      for (int j = 0; j < kQkGroup; ++j) {
+        const __m512i kc = kFull || j < nj ? load_row32<kPlain>(kr + j * ld_bytes, t.k_dtype, h0, t.H) : _mm512_setzero_si512();
+        acc[j] = _mm512_dpbf16_ps(acc[j], qc, (__m512bh)kc);
+      }
+    }
+    _mm512_storeu_ps(t.s + r * t.lds + j0, _mm512_mul_ps(transpose_add16(acc), scale));
+  }
+}
+
+template <int R, bool kPlain>
+void qk_rows(const DecodeQk& t) {
+  const char* k0 = static_cast<const char*>(t.k);
+  const std::int64_t eb = elem_bytes(t.k_dtype), ld_bytes = t.ldk * eb, row_bytes = t.H * eb;
+  for (std::int64_t j0 = 0; j0 < t.n; j0 += kQkGroup) {
+    prefetch_rows(k0, ld_bytes, row_bytes, j0 + t.prefetch, j0 + t.prefetch + kQkGroup, t.prefetch_end);
+    const std::int64_t nj = t.n - j0;
+    if (nj >= kQkGroup)
+      qk_group<R, kPlain, true>(t, k0, ld_bytes, j0, kQkGroup);
+    else
+      qk_group<R, kPlain, false>(t, k0, ld_bytes, j0, static_cast<int>(nj));
+  }
+}
+
+// Words (a[c], b[c]) of two rows for c in 0..15 (lo) and 16..31 (hi).
+inline __m512i pair_lo_idx() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5, 36, 4,
+                          35, 3, 34, 2, 33, 1, 32, 0);
+}
+
+// O[r][h0 .. h0 + 32 NC) += sum_{j0 <= j < j1} P[r][j] V[j][...], keys in pairs (j0, j1 even).
+template <int R, int NC, bool kPlain>
+inline void pv_pass(const DecodePv& t, const char* v0, std::int64_t ld_bytes, std::int64_t j0, std::int64_t j1,
+                    std::int64_t h0) {
+  const auto* p = static_cast<const word_t*>(t.p);
+  const std::int64_t ldp_words = t.ldp / 2;
+  const __m512i lo_idx = pair_lo_idx(), hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  __m512 acc[R][2 * NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_load_ps(t.o + r * t.ldo + h0 + 16 * c);
+  for (std::int64_t j = j0; j < j1; j += 2) {
+    __m512bh w[2 * NC];  // the two rows' bf16 pairs, 16 columns each
+    for (int c = 0; c < NC; ++c) {
+      const __m512i a = load_row32<kPlain>(v0 + j * ld_bytes, t.v_dtype, h0 + 32 * c, t.H);
+      const __m512i b = j + 1 < t.n ? load_row32<kPlain>(v0 + (j + 1) * ld_bytes, t.v_dtype, h0 + 32 * c, t.H)
+                                    : _mm512_setzero_si512();
+      w[2 * c] = (__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b);
+      w[2 * c + 1] = (__m512bh)_mm512_permutex2var_epi16(a, hi_idx, b);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[r * ldp_words + j / 2]));
+#pragma GCC unroll 4
+      for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, w[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 2 * NC; ++c) _mm512_store_ps(t.o + r * t.ldo + h0 + 16 * c, acc[r][c]);
+}
+
+template <int R, bool kPlain>
+void pv_rows(const DecodePv& t) {
+  if (t.corr)
+    for (int r = 0; r < R; ++r) {
+      const __m512 c = _mm512_set1_ps(t.corr[r]);
+      for (std::int64_t h = 0; h < t.Hp; h += 16)
+        _mm512_store_ps(t.o + r * t.ldo + h, _mm512_mul_ps(_mm512_load_ps(t.o + r * t.ldo + h), c));
+    }
+  const char* v0 = static_cast<const char*>(t.v);
+  const std::int64_t eb = elem_bytes(t.v_dtype), ld_bytes = t.ldv * eb, row_bytes = t.H * eb;
+  // Up to 4 rows: 64 columns per pass (16 accumulators), so each broadcast P word feeds 4 vdpbf16ps.
+  constexpr int kWide = R <= 4 ? 2 : 1;
+  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kPvGroup) {
+    prefetch_rows(v0, ld_bytes, row_bytes, j0 + t.prefetch, j0 + t.prefetch + kPvGroup, t.prefetch_end);
+    const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
+    std::int64_t h0 = 0;
+    for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<R, kWide, kPlain>(t, v0, ld_bytes, j0, j1, h0);
+    for (; h0 < t.Hp; h0 += 32) pv_pass<R, 1, kPlain>(t, v0, ld_bytes, j0, j1, h0);
+  }
+}
+
+template <int R>
+void qk_rows_any(const DecodeQk& t) {
+  if (t.k_dtype == DType::bf16 && t.H == t.Hp) return qk_rows<R, true>(t);
+  qk_rows<R, false>(t);
+}
+
+template <int R>
+void pv_rows_any(const DecodePv& t) {
+  if (t.v_dtype == DType::bf16 && t.H == t.Hp) return pv_rows<R, true>(t);
+  pv_rows<R, false>(t);
+}
+
+}  // namespace
+
+void avx512bf16_decode_qk_rows(const DecodeQk& t) {
+  switch (t.rows) {
+    case 1: return qk_rows_any<1>(t);
+    case 2: return qk_rows_any<2>(t);
+    case 3: return qk_rows_any<3>(t);
+    case 4: return qk_rows_any<4>(t);
+    case 5: return qk_rows_any<5>(t);
+    case 6: return qk_rows_any<6>(t);
+    case 7: return qk_rows_any<7>(t);
+    default: return qk_rows_any<8>(t);
+  }
+}
+
+void avx512bf16_decode_pv_rows(const DecodePv& t) {
+  switch (t.rows) {
+    case 1: return pv_rows_any<1>(t);
+    case 2: return pv_rows_any<2>(t);
+    case 3: return pv_rows_any<3>(t);
+    case 4: return pv_rows_any<4>(t);
+    case 5: return pv_rows_any<5>(t);
+    case 6: return pv_rows_any<6>(t);
+    case 7: return pv_rows_any<7>(t);
+    default: return pv_rows_any<8>(t);
+  }
+}
+
+}  // namespace flashgqa
