@@ -11,6 +11,7 @@
 
 #include "kernels/exp_poly.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/row_count.hpp"
 
 namespace flashgqa {
 namespace {
@@ -178,25 +179,11 @@ void pv_rows(const PvTile& t) {
 }
 
 void qk_tile_6x32(const QkTile& t) {
-  switch (t.rows) {
-    case 1: return qk_rows<1>(t);
-    case 2: return qk_rows<2>(t);
-    case 3: return qk_rows<3>(t);
-    case 4: return qk_rows<4>(t);
-    case 5: return qk_rows<5>(t);
-    default: return qk_rows<6>(t);
-  }
+  with_rows<kMR>(t.rows, [&](auto r) { qk_rows<decltype(r)::value>(t); });
 }
 
 void pv_tile_6x32(const PvTile& t) {
-  switch (t.rows) {
-    case 1: return pv_rows<1>(t);
-    case 2: return pv_rows<2>(t);
-    case 3: return pv_rows<3>(t);
-    case 4: return pv_rows<4>(t);
-    case 5: return pv_rows<5>(t);
-    default: return pv_rows<6>(t);
-  }
+  with_rows<kMR>(t.rows, [&](auto r) { pv_rows<decltype(r)::value>(t); });
 }
 
 bool softmax_tile(const SoftmaxTile& t) {

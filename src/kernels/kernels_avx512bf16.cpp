@@ -14,6 +14,7 @@
 
 #include "kernels/avx512_helpers.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/row_count.hpp"
 
 namespace flashgqa {
 namespace {
@@ -72,37 +73,11 @@ void pv_rows(const PvTile& t) {
 }
 
 void qk_tile_12x32(const QkTile& t) {
-  switch (t.rows) {
-    case 1: return qk_rows<1>(t);
-    case 2: return qk_rows<2>(t);
-    case 3: return qk_rows<3>(t);
-    case 4: return qk_rows<4>(t);
-    case 5: return qk_rows<5>(t);
-    case 6: return qk_rows<6>(t);
-    case 7: return qk_rows<7>(t);
-    case 8: return qk_rows<8>(t);
-    case 9: return qk_rows<9>(t);
-    case 10: return qk_rows<10>(t);
-    case 11: return qk_rows<11>(t);
-    default: return qk_rows<12>(t);
-  }
+  with_rows<kMR>(t.rows, [&](auto r) { qk_rows<decltype(r)::value>(t); });
 }
 
 void pv_tile_12x32(const PvTile& t) {
-  switch (t.rows) {
-    case 1: return pv_rows<1>(t);
-    case 2: return pv_rows<2>(t);
-    case 3: return pv_rows<3>(t);
-    case 4: return pv_rows<4>(t);
-    case 5: return pv_rows<5>(t);
-    case 6: return pv_rows<6>(t);
-    case 7: return pv_rows<7>(t);
-    case 8: return pv_rows<8>(t);
-    case 9: return pv_rows<9>(t);
-    case 10: return pv_rows<10>(t);
-    case 11: return pv_rows<11>(t);
-    default: return pv_rows<12>(t);
-  }
+  with_rows<kMR>(t.rows, [&](auto r) { pv_rows<decltype(r)::value>(t); });
 }
 
 // P as bf16: keys j..j+31 of row r, one zmm, pairs along keys are words.

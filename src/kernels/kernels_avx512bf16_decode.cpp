@@ -19,6 +19,7 @@
 
 #include "kernels/avx512_helpers.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/row_count.hpp"
 
 namespace flashgqa {
 namespace {
@@ -169,29 +170,11 @@ void pv_rows_any(const DecodePv& t) {
 }  // namespace
 
 void avx512bf16_decode_qk_rows(const DecodeQk& t) {
-  switch (t.rows) {
-    case 1: return qk_rows_any<1>(t);
-    case 2: return qk_rows_any<2>(t);
-    case 3: return qk_rows_any<3>(t);
-    case 4: return qk_rows_any<4>(t);
-    case 5: return qk_rows_any<5>(t);
-    case 6: return qk_rows_any<6>(t);
-    case 7: return qk_rows_any<7>(t);
-    default: return qk_rows_any<8>(t);
-  }
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(t); });
 }
 
 void avx512bf16_decode_pv_rows(const DecodePv& t) {
-  switch (t.rows) {
-    case 1: return pv_rows_any<1>(t);
-    case 2: return pv_rows_any<2>(t);
-    case 3: return pv_rows_any<3>(t);
-    case 4: return pv_rows_any<4>(t);
-    case 5: return pv_rows_any<5>(t);
-    case 6: return pv_rows_any<6>(t);
-    case 7: return pv_rows_any<7>(t);
-    default: return pv_rows_any<8>(t);
-  }
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_any<decltype(r)::value>(t); });
 }
 
 }  // namespace flashgqa
