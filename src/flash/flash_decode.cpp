@@ -25,6 +25,7 @@
 
 #include "core/dtype.hpp"
 #include "flash/aligned_buffer.hpp"
+#include "flash/finish_rows.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -104,14 +105,6 @@ struct Partials {
 };
 
 // out = O / l in out's dtype, lse = m + log l; rows that see no key: 0 and -inf.
-void write_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t r, const float* o, float m,
-               float l, std::vector<float>& tmp) {
-  const std::int64_t g = r % p.G, t = r / p.G;
-  const bool empty = p.visible_keys(t) == 0;
-  for (std::int64_t h = 0; h < p.H; ++h) tmp[static_cast<std::size_t>(h)] = empty ? 0.0f : o[h] / l;
-  store_row(p.out_row(b, kh, g, t), p.out_dtype, tmp.data(), p.H);
-  if (p.lse) *p.lse_at(b, kh, g, t) = empty ? kNegInf : m + std::log(l);
-}
 
 void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w, Partials& parts,
               std::vector<float>& tmp) {
@@ -149,7 +142,8 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
   }
 
   if (task.slot < 0) {
-    for (std::int64_t r = 0; r < M; ++r) write_row(p, task.b, task.kh, r, o + r * Hp, m[r], l[r], tmp);
+    for (std::int64_t r = 0; r < M; ++r)  // row r is query r / G of head r % G
+      write_flash_row(p, task.b, task.kh, r % p.G, r / p.G, o + r * Hp, m[r], l[r], tmp.data());
     return;
   }
   const auto slot = static_cast<std::size_t>(task.slot);
@@ -165,22 +159,10 @@ void merge_splits(const Problem& p, const Plan& plan, std::int64_t pair, const P
   const std::int64_t M = plan.M, Hp = plan.Hp, first = pair * plan.nsplit;
   std::vector<float> acc(static_cast<std::size_t>(p.H));
   for (std::int64_t r = 0; r < M; ++r) {
-    float m = kNegInf;
-    for (std::int64_t i = 0; i < plan.nsplit; ++i) {
-      const float mi = parts.m[static_cast<std::size_t>((first + i) * M + r)];
-      if (mi > m || std::isnan(mi)) m = mi;
-    }
-    const float m_use = m == kNegInf ? 0.0f : m;
-    float l = 0.0f;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (std::int64_t i = 0; i < plan.nsplit; ++i) {
-      const auto at = static_cast<std::size_t>((first + i) * M + r);
-      const float f = std::exp(parts.m[at] - m_use);
-      l += parts.l[at] * f;
-      const float* oi = parts.o.data() + at * static_cast<std::size_t>(Hp);
-      for (std::int64_t h = 0; h < p.H; ++h) acc[static_cast<std::size_t>(h)] += oi[h] * f;
-    }
-    write_row(p, pair / p.K, pair % p.K, r, acc.data(), m, l, tmp);
+    const auto at = static_cast<std::size_t>(first * M + r);
+    merge_flash_row(p, pair / p.K, pair % p.K, r % p.G, r / p.G, plan.nsplit, parts.m.data() + at,
+                    parts.l.data() + at, M, parts.o.data() + at * static_cast<std::size_t>(Hp), M * Hp,
+                    acc.data(), tmp.data());
   }
 }
 

@@ -15,6 +15,7 @@
 #include "flash/flash_fast.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
+#include "flash/flash_testing.hpp"
 #include "testing/attention_case.hpp"
 
 namespace flashgqa {
@@ -24,32 +25,12 @@ using testing::AttentionCase;
 using testing::Layout;
 using testing::make_case;
 using testing::Shape;
+using testing::bitwise_equal;
+using testing::flash_problem;
+using testing::run_flash_and_check;
+using testing::run_flash_values;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-Problem problem_of(AttentionCase& c, const Options& o) {
-  Options flash = o;
-  flash.algorithm = Algorithm::flash;
-  return make_problem(c.out, &c.lse, c.q, c.k, c.v, flash);
-}
-
-ErrorReport run_and_check(AttentionCase& c, const Options& o, Isa isa) {
-  const Problem p = problem_of(c, o);
-  flash_attention_fast(p, isa);
-  return check_against_reference(p, reference_attention(p));
-}
-
-std::vector<float> run_values(const Shape& shape, const Options& o, Isa isa, Layout layout = Layout::contiguous) {
-  AttentionCase c = make_case(shape, DType::bf16, DType::f32, layout, 23);
-  flash_attention_fast(problem_of(c, o), isa);
-  std::vector<float> v = c.out_values();
-  v.insert(v.end(), c.lse_buf.begin(), c.lse_buf.end() - 1);
-  return v;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 class FlashDecode : public ::testing::TestWithParam<Isa> {
  protected:
@@ -77,7 +58,7 @@ TEST_P(FlashDecode, MatchesReference) {
           AttentionCase c = make_case(shape, dtype, dtype, Layout::contiguous, 1000 + i);
           Options o;
           o.precision = precision;
-          const ErrorReport r = run_and_check(c, o, isa());
+          const ErrorReport r = run_flash_and_check(c, o, isa());
           EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
                             << dtype_name(dtype) << ": " << r.describe();
         }
@@ -89,7 +70,7 @@ TEST_P(FlashDecode, IsTakenWithSplits) {
   AttentionCase c = make_case(Shape{1, 1, 4, 1, 3000, 128}, DType::bf16, DType::bf16, Layout::contiguous, 3);
   Options o;
   o.block_kv = 64;
-  const Problem p = problem_of(c, o);
+  const Problem p = flash_problem(c, o);
   const FlashKernels& k = kernels_for(isa(), p.precision);
   if (k.decode_qk_rows) {
     EXPECT_TRUE(flash_decode_applies(p, k));
@@ -97,7 +78,7 @@ TEST_P(FlashDecode, IsTakenWithSplits) {
   }
   EXPECT_GT(flash_max_kv_splits(p, isa()), 1);
   AttentionCase wide = make_case(Shape{1, 1, 8, 2, 30, 64}, DType::bf16, DType::bf16, Layout::contiguous, 3);
-  EXPECT_FALSE(flash_decode_applies(problem_of(wide, o), k));  // 16 rows: the packed path
+  EXPECT_FALSE(flash_decode_applies(flash_problem(wide, o), k));  // 16 rows: the packed path
   flash_attention_fast(p, isa());
   const ErrorReport r = check_against_reference(p, reference_attention(p));
   EXPECT_TRUE(r.ok) << r.describe();
@@ -112,7 +93,7 @@ TEST_P(FlashDecode, BlocksThatDivideNothing) {
       o.causal = causal;
       o.causal_offset = causal ? std::optional<std::int64_t>{500} : std::nullopt;
       AttentionCase c = make_case(Shape{1, 2, 4, 2, 1001, 80}, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
-      const ErrorReport r = run_and_check(c, o, isa());
+      const ErrorReport r = run_flash_and_check(c, o, isa());
       EXPECT_TRUE(r.ok) << "block_kv " << bkv << (causal ? " causal" : "") << ": " << r.describe();
     }
 }
@@ -131,7 +112,7 @@ TEST_P(FlashDecode, CausalAtSeveralOffsets) {
         o.precision = precision;
         o.block_kv = 32;
         AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
-        const ErrorReport r = run_and_check(c, o, isa());
+        const ErrorReport r = run_flash_and_check(c, o, isa());
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset "
                           << (offset ? std::to_string(*offset) : "default") << ": " << r.describe();
       }
@@ -141,9 +122,9 @@ TEST_P(FlashDecode, FaLayoutGivesTheContiguousResult) {
   for (const Shape& shape : {Shape{2, 3, 4, 1, 333, 128}, Shape{1, 2, 2, 2, 90, 80}}) {
     Options o;
     o.block_kv = 64;
-    const std::vector<float> base = run_values(shape, o, isa());
+    const std::vector<float> base = run_flash_values(shape, o, isa());
     for (Layout layout : {Layout::fa, Layout::padded})
-      EXPECT_TRUE(bitwise_equal(base, run_values(shape, o, isa(), layout)))
+      EXPECT_TRUE(bitwise_equal(base, run_flash_values(shape, o, isa(), DType::bf16, layout)))
           << testing::to_string(shape) << " layout " << static_cast<int>(layout);
   }
 }
@@ -156,7 +137,7 @@ TEST_P(FlashDecode, SameBitsForAnyThreadCount) {
       o.threads = threads;
       o.causal = true;
       o.block_kv = 64;
-      results[threads - 1] = run_values(shape, o, isa());
+      results[threads - 1] = run_flash_values(shape, o, isa());
     }
     EXPECT_TRUE(bitwise_equal(results[0], results[1])) << testing::to_string(shape);
     EXPECT_TRUE(bitwise_equal(results[0], results[2])) << testing::to_string(shape);
@@ -169,7 +150,7 @@ TEST_P(FlashDecode, EmptyRowsGiveZeroAndMinusInfinity) {
   Options o;
   o.causal = true;
   o.causal_offset = -1;
-  flash_attention_fast(problem_of(c, o), isa());
+  flash_attention_fast(flash_problem(c, o), isa());
   for (std::int64_t kh = 0; kh < 2; ++kh)
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_EQ(c.lse_at(0, kh, g, 0), -std::numeric_limits<float>::infinity());
@@ -180,7 +161,7 @@ TEST_P(FlashDecode, EmptyRowsGiveZeroAndMinusInfinity) {
       }
     }
   AttentionCase none = make_case(Shape{1, 1, 4, 1, 0, 128}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  flash_attention_fast(problem_of(none, Options{}), isa());
+  flash_attention_fast(flash_problem(none, Options{}), isa());
   for (float x : none.out_values()) ASSERT_EQ(x, 0.0f);
 }
 
@@ -191,7 +172,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
     c.set_q(0, 0, 2, 0, 5, kNaN);
-    flash_attention_fast(problem_of(c, o), isa());
+    flash_attention_fast(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_EQ(std::isnan(c.out_at(0, 0, g, 0, 0)), g == 2) << "g " << g;
       EXPECT_EQ(std::isnan(c.lse_at(0, 0, g, 0)), g == 2) << "g " << g;
@@ -200,7 +181,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
     c.set_v(0, 0, 2001, 7, kNaN);
-    flash_attention_fast(problem_of(c, o), isa());
+    flash_attention_fast(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 0, 7))) << "g " << g;
       EXPECT_FALSE(std::isnan(c.out_at(0, 0, g, 0, 6))) << "g " << g;
@@ -212,7 +193,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
     Options causal = o;
     causal.causal = true;
     causal.causal_offset = 2998;
-    flash_attention_fast(problem_of(c, causal), isa());
+    flash_attention_fast(flash_problem(c, causal), isa());
     for (std::int64_t g = 0; g < 2; ++g) EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 1, 0))) << "g " << g;
   }
 }

@@ -34,6 +34,7 @@
 #include "core/dtype.hpp"
 #include "flash/aligned_buffer.hpp"
 #include "flash/block_sizes.hpp"
+#include "flash/finish_rows.hpp"
 #include "flash/flash_decode.hpp"
 #include "kernels/microkernels.hpp"
 
@@ -158,14 +159,6 @@ struct RowMap {
   std::int64_t g(std::int64_t r) const { return r % G; }
 };
 
-void write_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-               const float* o, float m, float l, std::vector<float>& tmp) {
-  const bool empty = p.visible_keys(t) == 0;
-  for (std::int64_t h = 0; h < p.H; ++h) tmp[static_cast<std::size_t>(h)] = empty ? 0.0f : o[h] / l;
-  store_row(p.out_row(b, kh, g, t), p.out_dtype, tmp.data(), p.H);
-  if (p.lse) *p.lse_at(b, kh, g, t) = empty ? kNegInf : m + std::log(l);
-}
-
 void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w, Partials* parts,
               std::vector<float>& tmp) {
   const FlashKernels& kern = *plan.kern;
@@ -225,7 +218,7 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
 
   if (task.slot < 0) {
     for (std::int64_t r = 0; r < M; ++r)
-      write_row(p, task.b, task.kh, rows.g(r), rows.t(r), o + r * w.ldo, m[r], l[r], tmp);
+      write_flash_row(p, task.b, task.kh, rows.g(r), rows.t(r), o + r * w.ldo, m[r], l[r], tmp.data());
     return;
   }
   float* po = parts->o.as<float>() + task.slot * parts->per_o;
@@ -234,8 +227,7 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
   std::memcpy(parts->l.as<float>() + task.slot * parts->per_row, l, static_cast<std::size_t>(M) * 4);
 }
 
-// Combines the partial (O, m, l) of a split q block in slot order:
-// m = max_i m_i, l = sum_i l_i e^(m_i - m), O = sum_i O_i e^(m_i - m).
+// Combines the partial (O, m, l) of a split q block in slot order (finish_rows.hpp).
 void merge_splits(const Problem& p, const Plan& plan, const Merge& mg, const Partials& parts,
                   std::vector<float>& tmp) {
   const std::int64_t t0 = mg.qb * plan.blocks.bq;
@@ -243,22 +235,11 @@ void merge_splits(const Problem& p, const Plan& plan, const Merge& mg, const Par
   const RowMap rows{p.G, t0};
   std::vector<float> acc(static_cast<std::size_t>(p.H));
   for (std::int64_t r = 0; r < M; ++r) {
-    float m = kNegInf;
-    for (std::int64_t i = 0; i < mg.count; ++i) {
-      const float mi = parts.m.as<float>()[(mg.first_slot + i) * parts.per_row + r];
-      if (mi > m || std::isnan(mi)) m = mi;
-    }
-    const float m_use = m == kNegInf ? 0.0f : m;
-    float l = 0.0f;
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (std::int64_t i = 0; i < mg.count; ++i) {
-      const std::int64_t slot = mg.first_slot + i;
-      const float f = std::exp(parts.m.as<float>()[slot * parts.per_row + r] - m_use);
-      l += parts.l.as<float>()[slot * parts.per_row + r] * f;
-      const float* oi = parts.o.as<float>() + slot * parts.per_o + r * plan.Hp;
-      for (std::int64_t h = 0; h < p.H; ++h) acc[static_cast<std::size_t>(h)] += oi[h] * f;
-    }
-    write_row(p, mg.b, mg.kh, rows.g(r), rows.t(r), acc.data(), m, l, tmp);
+    const std::int64_t first = mg.first_slot * parts.per_row + r;
+    merge_flash_row(p, mg.b, mg.kh, rows.g(r), rows.t(r), mg.count, parts.m.as<float>() + first,
+                    parts.l.as<float>() + first, parts.per_row,
+                    parts.o.as<float>() + mg.first_slot * parts.per_o + r * plan.Hp, parts.per_o, acc.data(),
+                    tmp.data());
   }
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/microkernels.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
+#include "flash/flash_testing.hpp"
 #include "testing/attention_case.hpp"
 
 namespace flashgqa {
@@ -24,31 +25,10 @@ using testing::AttentionCase;
 using testing::Layout;
 using testing::make_case;
 using testing::Shape;
-
-Problem problem_of(AttentionCase& c, const Options& o, bool with_lse = true) {
-  Options flash = o;
-  flash.algorithm = Algorithm::flash;
-  return make_problem(c.out, with_lse ? &c.lse : nullptr, c.q, c.k, c.v, flash);
-}
-
-ErrorReport run_and_check(AttentionCase& c, const Options& o, Isa isa) {
-  const Problem p = problem_of(c, o);
-  flash_attention_fast(p, isa);
-  return check_against_reference(p, reference_attention(p));
-}
-
-std::vector<float> run_values(const Shape& shape, const Options& o, Isa isa, DType dtype = DType::bf16,
-                              Layout layout = Layout::contiguous) {
-  AttentionCase c = make_case(shape, dtype, DType::f32, layout, 17);
-  flash_attention_fast(problem_of(c, o), isa);
-  std::vector<float> v = c.out_values();
-  v.insert(v.end(), c.lse_buf.begin(), c.lse_buf.end() - 1);
-  return v;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::bitwise_equal;
+using testing::flash_problem;
+using testing::run_flash_and_check;
+using testing::run_flash_values;
 
 class FlashFast : public ::testing::TestWithParam<Isa> {
  protected:
@@ -73,7 +53,7 @@ TEST_P(FlashFast, MatchesReferenceOnAwkwardShapes) {
         AttentionCase c = make_case(shape, dtype, dtype, Layout::contiguous, ++seed);
         Options o;
         o.precision = precision;
-        const ErrorReport r = run_and_check(c, o, isa());
+        const ErrorReport r = run_flash_and_check(c, o, isa());
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
                           << dtype_name(dtype) << ": " << r.describe();
       }
@@ -89,7 +69,7 @@ TEST_P(FlashFast, MatchesReferenceWithBlocksThatDivideNothing) {
       o.block_kv = bkv;
       o.causal = (bq + bkv) % 2 == 0;
       AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
-      const ErrorReport r = run_and_check(c, o, isa());
+      const ErrorReport r = run_flash_and_check(c, o, isa());
       EXPECT_TRUE(r.ok) << "block_q " << bq << " block_kv " << bkv << ": " << r.describe();
     }
 }
@@ -110,7 +90,7 @@ TEST_P(FlashFast, CausalAtSeveralOffsets) {
         o.block_q = 8;
         o.block_kv = 32;
         AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
-        const ErrorReport r = run_and_check(c, o, isa());
+        const ErrorReport r = run_flash_and_check(c, o, isa());
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset "
                           << (offset ? std::to_string(*offset) : "default") << ": " << r.describe();
       }
@@ -122,7 +102,7 @@ TEST_P(FlashFast, DefaultBlocksOnALongerSequence) {
     o.causal = causal;
     AttentionCase c =
         make_case(Shape{1, 1, 4, 150, 400, 128}, DType::bf16, DType::bf16, Layout::contiguous, 31);
-    const ErrorReport r = run_and_check(c, o, isa());
+    const ErrorReport r = run_flash_and_check(c, o, isa());
     EXPECT_TRUE(r.ok) << (causal ? "causal: " : "full: ") << r.describe();
   }
 }
@@ -131,9 +111,9 @@ TEST_P(FlashFast, StridedLayoutsGiveTheContiguousResult) {
   const Shape shape{2, 2, 3, 21, 34, 80};
   Options o;
   o.causal = true;
-  const std::vector<float> base = run_values(shape, o, isa());
+  const std::vector<float> base = run_flash_values(shape, o, isa());
   for (Layout layout : {Layout::fa, Layout::padded})
-    EXPECT_TRUE(bitwise_equal(base, run_values(shape, o, isa(), DType::bf16, layout)))
+    EXPECT_TRUE(bitwise_equal(base, run_flash_values(shape, o, isa(), DType::bf16, layout)))
         << "layout " << static_cast<int>(layout);
 }
 
@@ -145,8 +125,8 @@ TEST_P(FlashFast, SplitKvDecodeMatchesReference) {
       o.causal = causal;
       o.block_kv = 64;
       AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, 41);
-      EXPECT_GT(flash_max_kv_splits(problem_of(c, o), isa()), 1) << testing::to_string(shape);
-      const ErrorReport r = run_and_check(c, o, isa());
+      EXPECT_GT(flash_max_kv_splits(flash_problem(c, o), isa()), 1) << testing::to_string(shape);
+      const ErrorReport r = run_flash_and_check(c, o, isa());
       EXPECT_TRUE(r.ok) << testing::to_string(shape) << ": " << r.describe();
     }
   }
@@ -160,7 +140,7 @@ TEST_P(FlashFast, SameBitsForAnyThreadCount) {
       o.threads = threads;
       o.causal = true;
       o.block_kv = 64;
-      results[threads - 1] = run_values(shape, o, isa());
+      results[threads - 1] = run_flash_values(shape, o, isa());
     }
     EXPECT_TRUE(bitwise_equal(results[0], results[1])) << testing::to_string(shape);
     EXPECT_TRUE(bitwise_equal(results[0], results[2])) << testing::to_string(shape);
@@ -173,7 +153,7 @@ TEST_P(FlashFast, FullyMaskedRowsGiveZeroAndMinusInfinity) {
   Options o;
   o.causal = true;
   o.causal_offset = -4;  // queries 0..3 see no key
-  flash_attention_fast(problem_of(c, o), isa());
+  flash_attention_fast(flash_problem(c, o), isa());
   for (std::int64_t g = 0; g < 2; ++g)
     for (std::int64_t t = 0; t < 9; ++t) {
       if (t < 4) {
@@ -195,7 +175,7 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
     c.set_q(0, 0, 1, 2, 5, std::numeric_limits<float>::quiet_NaN());
-    flash_attention_fast(problem_of(c, o), isa());
+    flash_attention_fast(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 2; ++g)
       for (std::int64_t t = 0; t < 6; ++t)
         EXPECT_EQ(std::isnan(c.out_at(0, 0, g, t, 0)), g == 1 && t == 2) << "g " << g << " t " << t;
@@ -203,14 +183,14 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
     c.set_v(0, 0, 43, 7, std::numeric_limits<float>::quiet_NaN());  // seen by queries t >= 3
-    flash_attention_fast(problem_of(c, o), isa());
+    flash_attention_fast(flash_problem(c, o), isa());
     for (std::int64_t t = 3; t < 6; ++t) EXPECT_TRUE(std::isnan(c.out_at(0, 0, 0, t, 7))) << "t " << t;
     EXPECT_FALSE(std::isnan(c.out_at(0, 0, 0, 3, 6)));  // other columns stay finite
   }
   {  // A row whose logits are all NaN: NaN output and lse, its neighbours finite.
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 5);
     c.set_q(0, 0, 0, 5, 0, std::numeric_limits<float>::quiet_NaN());
-    flash_attention_fast(problem_of(c, o), isa());
+    flash_attention_fast(flash_problem(c, o), isa());
     EXPECT_TRUE(std::isnan(c.out_at(0, 0, 0, 5, 1)));
     EXPECT_TRUE(std::isnan(c.lse_at(0, 0, 0, 5)));
     EXPECT_FALSE(std::isnan(c.out_at(0, 0, 0, 4, 1)));
@@ -220,12 +200,12 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
 
 TEST_P(FlashFast, EmptyKeysAndQueries) {
   AttentionCase c = make_case(Shape{1, 2, 2, 3, 0, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  flash_attention_fast(problem_of(c, Options{}), isa());
+  flash_attention_fast(flash_problem(c, Options{}), isa());
   for (float x : c.out_values()) ASSERT_EQ(x, 0.0f);
   for (std::size_t i = 0; i + 1 < c.lse_buf.size(); ++i)
     ASSERT_EQ(c.lse_buf[i], -std::numeric_limits<float>::infinity());
   AttentionCase e = make_case(Shape{1, 2, 2, 0, 5, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  EXPECT_NO_THROW(flash_attention_fast(problem_of(e, Options{}), isa()));
+  EXPECT_NO_THROW(flash_attention_fast(flash_problem(e, Options{}), isa()));
 }
 
 TEST_P(FlashFast, LargeLogitsStayFinite) {
@@ -234,7 +214,7 @@ TEST_P(FlashFast, LargeLogitsStayFinite) {
       make_case(Shape{1, 1, 2, 20, 90, 64}, DType::f32, DType::f32, Layout::contiguous, 9, 6.0f);
   Options o;
   o.block_kv = 32;
-  const ErrorReport r = run_and_check(c, o, isa());
+  const ErrorReport r = run_flash_and_check(c, o, isa());
   EXPECT_TRUE(r.ok) << r.describe();
 }
 

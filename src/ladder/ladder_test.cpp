@@ -20,16 +20,13 @@ using testing::AttentionCase;
 using testing::Layout;
 using testing::make_case;
 using testing::Shape;
+using testing::bitwise_equal;
 
 // Runs `o` on the case and compares out and lse with the reference.
 ErrorReport run_and_check(AttentionCase& c, const Options& o) {
   attention(c.out, c.lse, c.q, c.k, c.v, o);
   const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
   return check_against_reference(p, reference_attention(p));
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 class Ladder : public ::testing::TestWithParam<Algorithm> {
@@ -141,8 +138,7 @@ TEST_P(Ladder, SameBitsForOneAndTwoThreads) {
     o.causal = true;
     AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, 11);
     attention(c.out, c.lse, c.q, c.k, c.v, o);
-    results[threads - 1] = c.out_values();
-    results[threads - 1].insert(results[threads - 1].end(), c.lse_buf.begin(), c.lse_buf.end() - 1);
+    results[threads - 1] = c.out_and_lse_values();
   }
   EXPECT_TRUE(bitwise_equal(results[0], results[1]));
 }

@@ -1,8 +1,10 @@
 #include "testing/attention_case.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "core/dtype.hpp"
 
@@ -77,8 +79,9 @@ float load(const TensorView& t, std::int64_t off) {
 }  // namespace
 
 std::string to_string(const Shape& s) {
-  return "B" + std::to_string(s.B) + "_K" + std::to_string(s.K) + "_G" + std::to_string(s.G) + "_T" +
-         std::to_string(s.T) + "_S" + std::to_string(s.S) + "_H" + std::to_string(s.H);
+  std::ostringstream os;  // (operator+ chains trip GCC 12's false -Wrestrict, PR 105651)
+  os << 'B' << s.B << "_K" << s.K << "_G" << s.G << "_T" << s.T << "_S" << s.S << "_H" << s.H;
+  return os.str();
 }
 
 AttentionCase make_case(const Shape& shape, DType dtype, DType out_dtype, Layout layout,
@@ -139,6 +142,16 @@ std::vector<float> AttentionCase::out_values() const {
         for (std::int64_t t = 0; t < shape.T; ++t)
           for (std::int64_t h = 0; h < shape.H; ++h) values.push_back(out_at(b, kh, g, t, h));
   return values;
+}
+
+std::vector<float> AttentionCase::out_and_lse_values() const {
+  std::vector<float> values = out_values();
+  values.insert(values.end(), lse_buf.begin(), lse_buf.end() - 1);  // the last element is a guard
+  return values;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace flashgqa::testing

@@ -36,7 +36,12 @@ struct AttentionCase {
   void set_v(std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t h, float x);
   // All of out in logical [B,K,G,T,H] order, as float (for bitwise comparisons across layouts).
   std::vector<float> out_values() const;
+  // out_values() followed by lse [B,K,G,T].
+  std::vector<float> out_and_lse_values() const;
 };
+
+// Whether two float vectors hold the same bits (NaN payloads included).
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b);
 
 // Normal(0, 1) * input_scale values, rounded to `dtype`; out in `out_dtype`, filled with a NaN
 // sentinel so an element left unwritten is caught.

@@ -1,0 +1,39 @@
+#include "flash/finish_rows.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/dtype.hpp"
+
+namespace flashgqa {
+
+void write_flash_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
+                     const float* o, float m, float l, float* tmp) {
+  const bool empty = p.visible_keys(t) == 0;
+  for (std::int64_t h = 0; h < p.H; ++h) tmp[h] = empty ? 0.0f : o[h] / l;
+  store_row(p.out_row(b, kh, g, t), p.out_dtype, tmp, p.H);
+  if (p.lse) *p.lse_at(b, kh, g, t) = empty ? -std::numeric_limits<float>::infinity() : m + std::log(l);
+}
+
+void merge_flash_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
+                     std::int64_t count, const float* m, const float* l, std::int64_t ml_stride,
+                     const float* o, std::int64_t o_stride, float* acc, float* tmp) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float m_max = kNegInf;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float mi = m[i * ml_stride];
+    if (mi > m_max || std::isnan(mi)) m_max = mi;
+  }
+  const float m_use = m_max == kNegInf ? 0.0f : m_max;  // every part saw no key: factors e^-inf = 0
+  float l_sum = 0.0f;
+  for (std::int64_t h = 0; h < p.H; ++h) acc[h] = 0.0f;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float f = std::exp(m[i * ml_stride] - m_use);
+    l_sum += l[i * ml_stride] * f;
+    const float* oi = o + i * o_stride;
+    for (std::int64_t h = 0; h < p.H; ++h) acc[h] += oi[h] * f;
+  }
+  write_flash_row(p, b, kh, g, t, acc, m_max, l_sum, tmp);
+}
+
+}  // namespace flashgqa
