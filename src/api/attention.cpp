@@ -10,11 +10,7 @@ namespace {
 
 void run(Problem p, Algorithm algorithm) {
   if (p.B * p.K * p.G * p.T == 0) return;  // nothing to write
-  if (algorithm == Algorithm::flash && p.block_q == 0 && p.block_kv == 0) {
-    const auto tuned = study::lookup_tuned_blocks(study::make_tune_key(
-        isa_name(active_isa()), p.G, p.H, p.T, p.S, p.causal, p.precision, p.threads));
-    if (tuned) p.block_q = tuned->block_q, p.block_kv = tuned->block_kv;
-  }
+  if (algorithm == Algorithm::flash) study::apply_tuned_blocks(p, isa_name(active_isa()));
   switch (algorithm) {
     case Algorithm::naive: return naive_attention(p);
     case Algorithm::chunked_unstable: return chunked_unstable_attention(p);

@@ -188,6 +188,16 @@ std::optional<TuneEntry> lookup_tuned_blocks(const TuneKey& key) {
   return std::nullopt;
 }
 
+bool apply_tuned_blocks(Problem& p, const std::string& isa) {
+  if (p.block_q != 0 || p.block_kv != 0) return false;  // explicit blocks win
+  const auto tuned =
+      lookup_tuned_blocks(make_tune_key(isa, p.G, p.H, p.T, p.S, p.causal, p.precision, p.threads));
+  if (!tuned) return false;
+  p.block_q = tuned->block_q;
+  p.block_kv = tuned->block_kv;
+  return true;
+}
+
 void reload_tune_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_loaded = false;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/problem.hpp"
 #include "flashgqa/flashgqa.hpp"
 
 namespace flashgqa::study {
@@ -57,5 +58,9 @@ void store_tune_entry(const std::string& path, const TuneEntry& entry);
 // bad file goes to stderr once). reload_tune_cache() forgets the loaded copy (after `tune` or in tests).
 std::optional<TuneEntry> lookup_tuned_blocks(const TuneKey& key);
 void reload_tune_cache();
+
+// For flash with both block sizes automatic (0): sets p.block_q and p.block_kv to the tuned pair of
+// the problem's class on instruction set `isa`, if the cache has one. Returns whether it did.
+bool apply_tuned_blocks(Problem& p, const std::string& isa);
 
 }  // namespace flashgqa::study

@@ -65,6 +65,36 @@ TEST(TuneCache, LookupUsesTheEnvironmentPath) {
   reload_tune_cache();
 }
 
+TEST(TuneCache, FlashTakesTunedBlocksOnlyWhenBothAreAutomatic) {
+  const std::string path = temp_path("apply.tsv");
+  std::filesystem::remove(path);
+  Problem p;
+  p.G = 4, p.H = 128, p.T = 3000, p.S = 4096, p.threads = 2, p.precision = Precision::bf16;
+  TuneEntry e;
+  e.key = make_tune_key("avx512bf16", p.G, p.H, p.T, p.S, false, Precision::bf16, 2);
+  e.block_q = 48;
+  e.block_kv = 320;
+  store_tune_entry(path, e);
+  ::setenv("FLASHGQA_TUNE_CACHE", path.c_str(), 1);
+  reload_tune_cache();
+  EXPECT_TRUE(apply_tuned_blocks(p, "avx512bf16"));
+  EXPECT_EQ(p.block_q, 48);
+  EXPECT_EQ(p.block_kv, 320);
+  Problem explicit_blocks = p;
+  explicit_blocks.block_q = 0;
+  explicit_blocks.block_kv = 64;  // one explicit size: the cache is not consulted
+  EXPECT_FALSE(apply_tuned_blocks(explicit_blocks, "avx512bf16"));
+  EXPECT_EQ(explicit_blocks.block_q, 0);
+  Problem other_isa = p;
+  other_isa.block_q = other_isa.block_kv = 0;
+  EXPECT_FALSE(apply_tuned_blocks(other_isa, "avx2"));  // tuned on another path
+  Problem causal = other_isa;
+  causal.causal = true;
+  EXPECT_FALSE(apply_tuned_blocks(causal, "avx512bf16"));  // another class
+  ::unsetenv("FLASHGQA_TUNE_CACHE");
+  reload_tune_cache();
+}
+
 TEST(TuneCache, ForeignAndCorruptFilesAreIgnoredWithAWarning) {
   const std::string path = temp_path("bad.tsv");
   const char* contents[] = {
