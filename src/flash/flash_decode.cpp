@@ -59,7 +59,8 @@ Plan make_plan(const Problem& p, const FlashKernels& k) {
   plan.kern = &k;
   plan.M = p.G * p.T;
   plan.Hp = round_up(p.H, kHTile);
-  plan.bkv = p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys;
+  // A block longer than the keys only costs memory: clamp it (same result, one block either way).
+  plan.bkv = std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, round_up(std::max<std::int64_t>(p.S, 1), kPanelKeys));
   const std::int64_t kv_end = p.visible_keys(p.T - 1);  // the last position sees the most keys
   const std::int64_t nblocks = ceil_div(kv_end, plan.bkv), pairs = p.B * p.K;
   if (pairs < kMinTasks)

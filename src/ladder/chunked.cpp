@@ -14,7 +14,7 @@ namespace flashgqa {
 
 void chunked_attention(const Problem& p) {
   const TileMath tm(p);
-  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV), mr = tm.kern->mr;
+  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S), mr = tm.kern->mr;
   const std::int64_t M = p.G * p.T;  // every query row of one kv head
   QRows Q;
   KvBlock kv;

@@ -8,6 +8,10 @@
 #include <utility>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "ladder/ladder.hpp"
 #include "ladder/tile_math.hpp"
 
@@ -25,14 +29,31 @@ struct Carries {
         m(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity()) {}
 };
 
+// One thread's buffers for a (q block, KV block) tile.
+struct Tile {
+  QRows Q;
+  PRows P;
+  AlignedBuffer L;  // logits [rows][npad]
+  AccRows O;        // this step's o rows
+  void reserve(const TileMath& tm, std::int64_t rows, std::int64_t npad) {
+    Q.data.reset(static_cast<std::size_t>(rows * tm.Hp * tm.operand_bytes));
+    P.reserve(tm, rows, npad);
+    L.reset(static_cast<std::size_t>(rows * npad) * sizeof(float));
+    O.assign_zero(rows, tm.Hp);
+  }
+};
+
 }  // namespace
 
 void kernel1_attention(const Problem& p) {
   const TileMath tm(p);
-  const std::int64_t bq = block_or(p.block_q, kDefaultBlockQ);
-  const std::int64_t bkv = block_or(p.block_kv, kSeedBlockKV);
+  const std::int64_t bq = clamp_block(p.block_q, kDefaultBlockQ, p.T);
+  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S);
   const std::int64_t num_q_blocks = (p.T + bq - 1) / bq, Hp = tm.Hp;
   KvBlock kv;
+  // Each thread's tile buffers, allocated here so an allocation failure reaches the caller.
+  std::vector<Tile> tiles(static_cast<std::size_t>(p.threads));
+  for (Tile& w : tiles) w.reserve(tm, p.G * bq, tm.pad_keys(bkv));
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       Carries in(p.G * p.T, Hp), out(p.G * p.T, Hp);
@@ -43,12 +64,16 @@ void kernel1_attention(const Problem& p) {
         const std::int64_t ldl = kv.npad;
 #pragma omp parallel num_threads(p.threads)
         {
-          QRows Q;
-          PRows P;
-          P.reserve(tm, p.G * bq, ldl);
-          AlignedBuffer L(static_cast<std::size_t>(p.G * bq * ldl) * sizeof(float));
-          AccRows O;
-          O.assign_zero(p.G * bq, Hp);
+#ifdef _OPENMP
+          Tile& w = tiles[static_cast<std::size_t>(omp_get_thread_num())];
+#else
+          Tile& w = tiles[0];
+#endif
+          QRows& Q = w.Q;
+          PRows& P = w.P;
+          P.ld = ldl;
+          AlignedBuffer& L = w.L;
+          AccRows& O = w.O;
 #pragma omp for schedule(static)
           for (std::int64_t i = 0; i < num_q_blocks; ++i) {
             const std::int64_t t0 = i * bq, rows = std::min(bq, p.T - t0), M = p.G * rows;

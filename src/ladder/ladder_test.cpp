@@ -96,6 +96,19 @@ TEST_P(Ladder, MatchesReferenceWithSmallBlocksAndRemainders) {
     }
 }
 
+// Blocks longer than T or S are clamped to them: same result, no memory for the unused length.
+TEST_P(Ladder, BlocksLongerThanTheSequenceAreClamped) {
+  constexpr std::int64_t kHuge = std::int64_t{1} << 24;  // the largest block validation accepts
+  for (const Shape& shape : {Shape{1, 1, 1, 1, 1, 64}, Shape{1, 2, 8, 1, 40, 64}, Shape{1, 1, 2, 9, 13, 80}}) {
+    Options o = options();
+    o.block_q = takes_block_q() ? kHuge : 0;
+    o.block_kv = takes_block_kv() ? kHuge : 0;
+    AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, 77);
+    const ErrorReport r = run_and_check(c, o);
+    EXPECT_TRUE(r.ok) << testing::to_string(shape) << ": " << r.describe();
+  }
+}
+
 TEST_P(Ladder, CausalAtSeveralOffsets) {
   int seed = 200;
   for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 40, 24, 80}, Shape{1, 1, 2, 1, 33, 128}})

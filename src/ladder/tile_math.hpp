@@ -96,9 +96,11 @@ float online_softmax_update(const TileMath& tm, float* p, const float* l, std::i
 void write_output_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g,
                       std::int64_t t, float* acc, float m, float l_sum);
 
-// The requested block size, or `automatic` for 0.
-inline std::int64_t block_or(std::int64_t requested, std::int64_t automatic) {
-  return requested > 0 ? requested : automatic;
+// The requested block size, or `automatic` for 0, never longer than `extent` (the keys or queries it
+// cuts; a longer block would only cost memory) and at least 1.
+inline std::int64_t clamp_block(std::int64_t requested, std::int64_t automatic, std::int64_t extent) {
+  const std::int64_t b = requested > 0 ? requested : automatic;
+  return b < extent ? b : (extent > 0 ? extent : 1);
 }
 
 }  // namespace flashgqa
