@@ -2,7 +2,9 @@
 // (dtype and algorithm names, layout views).
 #include "core/problem.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <sstream>
 #include <string>
 
@@ -19,6 +21,14 @@ std::string shape_string(const TensorView& t) {
   std::ostringstream os;
   os << '[';
   for (int d = 0; d < t.rank; ++d) os << (d ? "," : "") << t.shape[static_cast<std::size_t>(d)];
+  os << ']';
+  return os.str();
+}
+
+std::string stride_string(const TensorView& t) {
+  std::ostringstream os;
+  os << '[';
+  for (int d = 0; d < t.rank; ++d) os << (d ? "," : "") << t.stride[static_cast<std::size_t>(d)];
   os << ']';
   return os.str();
 }
@@ -74,6 +84,30 @@ void check_dim(const TensorView& t, const char* name, int d, std::int64_t expect
   if (found != expected)
     fail(std::string(name) + ": shape " + shape_string(t) + " has " + what + " = " +
          std::to_string(found) + ", expected " + std::to_string(expected) + " (from q)");
+}
+
+// An output must not write one address twice: sorted by |stride|, every dimension longer than 1 must
+// step past everything the dimensions inside it span. (Sufficient, and true of every dense or padded
+// layout; stride 0, as from expand() or broadcast_to(), fails it.)
+void check_distinct_elements(const TensorView& t, const char* name) {
+  if (t.numel() == 0) return;  // no element to write
+  std::array<std::pair<std::int64_t, std::int64_t>, TensorView::kMaxRank> dims{};  // |stride|, extent
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    const auto i = static_cast<std::size_t>(d);
+    if (t.shape[i] > 1) dims[static_cast<std::size_t>(n++)] = {t.stride[i] < 0 ? -t.stride[i] : t.stride[i], t.shape[i]};
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort of at most 5 (|stride|, extent) pairs
+    for (int j = i; j > 0 && dims[static_cast<std::size_t>(j)] < dims[static_cast<std::size_t>(j - 1)]; --j)
+      std::swap(dims[static_cast<std::size_t>(j)], dims[static_cast<std::size_t>(j - 1)]);
+  std::int64_t span = 0;  // largest offset reached by the dimensions inside (checked_extent bounds it)
+  for (int d = 0; d < n; ++d) {
+    const auto [stride, extent] = dims[static_cast<std::size_t>(d)];
+    if (stride <= span)
+      fail(std::string(name) + ": shape " + shape_string(t) + " with strides " + stride_string(t) +
+           " makes different elements share memory, expected an output whose elements are distinct");
+    span += (extent - 1) * stride;
+  }
 }
 
 bool overlaps(const Extent& a, const Extent& b) {
@@ -223,6 +257,10 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   check_view(k, "k", 4, "[B,K,S,H]");
   check_view(v, "v", 4, "[B,K,S,H]");
   check_view(out, "out", 5, "[B,K,G,T,H]");
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
+    if (t->numel() == INT64_MAX)
+      fail(std::string(name) + ": shape " + shape_string(*t) +
+           " overflows 64-bit indexing (too many elements); expected smaller dimensions");
   Problem p;
   p.B = q.shape[0];
   p.K = q.shape[1];
@@ -245,6 +283,7 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
 
   const Extent eq = checked_extent(q, "q"), ek = checked_extent(k, "k"),
                ev = checked_extent(v, "v"), eo = checked_extent(out, "out");
+  check_distinct_elements(out, "out");
   if (overlaps(eo, eq) || overlaps(eo, ek) || overlaps(eo, ev))
     fail(std::string("out: memory overlaps ") + (overlaps(eo, eq) ? "q" : overlaps(eo, ek) ? "k" : "v") +
          ", expected a separate buffer");
@@ -260,6 +299,7 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
              std::to_string(p.T) + "]");
     if (lse->data == nullptr && lse->numel() > 0) fail("lse: null data pointer");
     const Extent el = checked_extent(*lse, "lse");
+    check_distinct_elements(*lse, "lse");
     if (overlaps(el, eq) || overlaps(el, ek) || overlaps(el, ev) || overlaps(el, eo))
       fail("lse: memory overlaps q, k, v or out, expected a separate buffer");
     p.lse = static_cast<float*>(lse->data);

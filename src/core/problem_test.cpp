@@ -106,6 +106,29 @@ TEST(Problem, OutMustNotOverlapInputs) {
   expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"lse", "overlaps"}, &lse);
 }
 
+TEST(Problem, OutputElementsMustBeDistinct) {
+  Views w(2, 2, 4, 3, 5, 8);
+  Options o;
+  TensorView out = w.ov;
+  out.stride[0] = out.stride[1] = out.stride[2] = 0;  // every (b, k, g) writes the same rows
+  expect_error(w, out, w.qv, w.kv, w.vv, o, {"out", "share memory"});
+  out = w.ov;
+  out.stride[3] = 4;  // rows of 8 elements 4 apart: overlapping halves
+  expect_error(w, out, w.qv, w.kv, w.vv, o, {"out", "strides", "share memory"});
+  TensorView lse = w.lv;
+  lse.stride = {0, 0, 0, 0, 0};
+  expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"lse", "share memory"}, &lse);
+  // Inputs may be broadcast (stride 0): reading one address twice is fine.
+  TensorView k = w.kv;
+  k.stride[0] = 0;
+  EXPECT_NO_THROW(make_problem(w.ov, nullptr, w.qv, k, w.vv, o));
+  // Size-1 dimensions may have any stride.
+  Views one(1, 1, 1, 3, 5, 8);
+  TensorView out1 = one.ov;
+  out1.stride[0] = out1.stride[1] = out1.stride[2] = 0;
+  EXPECT_NO_THROW(make_problem(out1, nullptr, one.qv, one.kv, one.vv, o));
+}
+
 TEST(Problem, OptionsOutOfRange) {
   Views w(1, 1, 1, 4, 4, 8);
   Options o;
