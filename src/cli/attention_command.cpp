@@ -13,6 +13,7 @@
 #include "core/problem.hpp"
 #include "io/npy.hpp"
 #include "kernels/cpu_features.hpp"
+#include "study/tune_cache.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 
@@ -139,6 +140,8 @@ double median(std::vector<double> xs) {
 const char* attention_help() { return kHelp; }
 
 int attention_command(const std::vector<std::string>& words) {
+  // stderr carries only the --repeat line or the error: library warnings go to stdout.
+  study::set_tune_warning_sink([](const std::string& m) { std::printf("flashgqa: warning: %s\n", m.c_str()); });
   const Args args("attention", words, kFlags);
   const std::string q_path = args.required("q"), k_path = args.required("k"),
                     v_path = args.required("v"), out_path = args.required("out");

@@ -221,9 +221,11 @@ fi
 expect_ok "tune" "${run[@]}" tune --shape 1,1,2,40,40,64 --block-q 8,16 --block-kv 16,32 --repeats 1 --threads 1
 if grep -q "^best: block_q" "$out" && grep -q "stored in $FLASHGQA_TUNE_CACHE" "$out"; then pass; else fail "tune output: $(cat "$out")"; fi
 if head -1 "$FLASHGQA_TUNE_CACHE" | grep -q "flashgqa tune cache v1"; then pass; else fail "tune cache not written"; fi
-echo "garbage" >"$FLASHGQA_TUNE_CACHE"
-"${run[@]}" attention "${all[@]}" >"$out" 2>"$err" && pass || fail "attention with a corrupt tune cache must still work: $(cat "$err")"
-grep -q "warning: tune cache" "$err" && pass || fail "no warning about the corrupt tune cache: $(cat "$err")"
+printf '# flashgqa tune cache v1\ngarbage\n' >"$FLASHGQA_TUNE_CACHE"
+"${run[@]}" attention "${all[@]}" --repeat 2 >"$out" 2>"$err" && pass || fail "attention with a corrupt tune cache must still work: $(cat "$err")"
+grep -q "warning: tune cache .* corrupt" "$out" && pass || fail "no warning on stdout about the corrupt tune cache: $(cat "$out")"
+[[ $(line_count "$err") -eq 1 ]] && grep -Eq '^flash: median [0-9.]+ ms over 2 runs, [0-9.]+ GFLOP/s$' "$err" && pass ||
+  fail "--repeat with a corrupt tune cache: expected exactly the timing line on stderr, got: $(cat "$err")"
 expect_error "tune without shape" "missing required flag --shape" "${run[@]}" tune
 expect_error "bench bad algo" "algorithm" "${run[@]}" bench --algos fast
 expect_error "attention bad isa" "isa" "${run[@]}" attention "${all[@]}" --isa sse9

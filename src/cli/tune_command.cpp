@@ -25,8 +25,8 @@ constexpr const char* kHelp =
     "  Times flash for every block_q x block_kv pair (one warm-up, then the median of --repeats runs),\n"
     "  prints the grid in ms, and stores the fastest pair in the tune cache ($FLASHGQA_TUNE_CACHE, else\n"
     "  $XDG_CACHE_HOME/flashgqa/tune.tsv or ~/.cache/flashgqa/tune.tsv). flash uses it for shapes of\n"
-    "  the same class (G, H, causal, precision, threads, instruction set, and T and S rounded up to a\n"
-    "  power of two) whenever both block sizes are left automatic.\n"
+    "  the same class (G, H, causal, precision, instruction set, and T and S rounded up to a power of\n"
+    "  two) whenever both block sizes are left automatic, on any number of threads.\n"
     "\n"
     "  --shape B,K,G,T,S,H  the shape (required)\n"
     "  --threads N          threads (default 0 = all cores)\n"
@@ -114,7 +114,8 @@ int tune_command(const std::vector<std::string>& words) {
               static_cast<long long>(best_kv), best);
   if (!args.has("no-store")) {
     study::TuneEntry e;
-    e.key = study::make_tune_key(isa_name(active_isa()), s.G, s.H, s.T, s.S, o.causal, o.precision, threads);
+    e.key = study::make_tune_key(isa_name(active_isa()), s.G, s.H, s.T, s.S, o.causal, o.precision);
+    e.threads = threads;
     e.block_q = best_q;
     e.block_kv = best_kv;
     e.ms = best;

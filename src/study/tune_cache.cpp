@@ -64,7 +64,7 @@ bool parse_entry(const std::string& line, TuneEntry& e) {
   e.key.precision = f[5] == "bf16" ? Precision::bf16 : Precision::f32;
   e.key.t_class = static_cast<int>(t_class);
   e.key.s_class = static_cast<int>(s_class);
-  e.key.threads = static_cast<int>(threads);
+  e.threads = static_cast<int>(threads);
   e.block_q = block_q;
   e.block_kv = block_kv;
   return true;
@@ -72,6 +72,7 @@ bool parse_entry(const std::string& line, TuneEntry& e) {
 
 std::mutex g_mutex;
 bool g_loaded = false;
+void (*g_warning_sink)(const std::string&) = nullptr;
 std::vector<TuneEntry> g_entries;
 
 }  // namespace
@@ -101,7 +102,7 @@ std::string cpu_model() {
 }
 
 TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, std::int64_t T,
-                      std::int64_t S, bool causal, Precision precision, int threads) {
+                      std::int64_t S, bool causal, Precision precision) {
   TuneKey k;
   k.cpu = cpu_model();
   k.isa = clean(isa);
@@ -109,7 +110,6 @@ TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, st
   k.H = H;
   k.causal = causal;
   k.precision = precision;
-  k.threads = threads;
   k.t_class = size_class(T);
   k.s_class = size_class(S);
   return k;
@@ -167,7 +167,7 @@ void store_tune_entry(const std::string& path, const TuneEntry& entry) {
     for (const TuneEntry& e : entries)
       out << e.key.cpu << '\t' << e.key.isa << '\t' << e.key.G << '\t' << e.key.H << '\t'
           << (e.key.causal ? 1 : 0) << '\t' << precision_name(e.key.precision) << '\t' << e.key.t_class
-          << '\t' << e.key.s_class << '\t' << e.key.threads << '\t' << e.block_q << '\t' << e.block_kv
+          << '\t' << e.key.s_class << '\t' << e.threads << '\t' << e.block_q << '\t' << e.block_kv
           << '\t' << e.ms << '\n';
     if (!out) throw Error("tune cache: cannot write " + tmp);
   }
@@ -180,7 +180,10 @@ std::optional<TuneEntry> lookup_tuned_blocks(const TuneKey& key) {
   if (!g_loaded) {
     std::string warning;
     g_entries = read_tune_cache(tune_cache_path(), &warning);
-    if (!warning.empty()) std::fprintf(stderr, "flashgqa: warning: %s\n", warning.c_str());
+    if (!warning.empty()) {
+      if (g_warning_sink) g_warning_sink(warning);
+      else std::fprintf(stderr, "flashgqa: warning: %s\n", warning.c_str());
+    }
     g_loaded = true;
   }
   for (const TuneEntry& e : g_entries)
@@ -191,11 +194,16 @@ std::optional<TuneEntry> lookup_tuned_blocks(const TuneKey& key) {
 bool apply_tuned_blocks(Problem& p, const std::string& isa) {
   if (p.block_q != 0 || p.block_kv != 0) return false;  // explicit blocks win
   const auto tuned =
-      lookup_tuned_blocks(make_tune_key(isa, p.G, p.H, p.T, p.S, p.causal, p.precision, p.threads));
+      lookup_tuned_blocks(make_tune_key(isa, p.G, p.H, p.T, p.S, p.causal, p.precision));
   if (!tuned) return false;
   p.block_q = tuned->block_q;
   p.block_kv = tuned->block_kv;
   return true;
+}
+
+void set_tune_warning_sink(void (*sink)(const std::string& message)) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_warning_sink = sink;
 }
 
 void reload_tune_cache() {

@@ -2,8 +2,10 @@
 // sizes at 0. One text file, tab-separated, first line a magic header:
 //   # flashgqa tune cache v1
 //   cpu  isa  G  H  causal  precision  t_class  s_class  threads  block_q  block_kv  ms
-// A shape's class is (G, H, causal, precision, threads, ceil(log2 T), ceil(log2 S)) on one CPU model
-// and instruction set: blocks tuned for T = S = 4096 serve 2049..4096. A file that is foreign (wrong
+// A shape's class is (G, H, causal, precision, ceil(log2 T), ceil(log2 S)) on one CPU model and
+// instruction set: blocks tuned for T = S = 4096 serve 2049..4096. The thread count the blocks were
+// measured on is recorded but is not part of the class: block sizes change the rounding, and flash's
+// result must not depend on the thread count. A file that is foreign (wrong
 // header) or corrupt (a malformed line) is ignored as a whole, with one warning, and never crashes.
 #pragma once
 
@@ -22,7 +24,6 @@ struct TuneKey {
   std::int64_t G = 0, H = 0;
   bool causal = false;
   Precision precision = Precision::bf16;
-  int threads = 0;
   int t_class = 0, s_class = 0;  // ceil(log2(max(T, 1)))
   bool operator==(const TuneKey&) const = default;
 };
@@ -30,14 +31,15 @@ struct TuneKey {
 struct TuneEntry {
   TuneKey key;
   std::int64_t block_q = 0, block_kv = 0;
-  double ms = 0;  // the median time measured for the blocks
+  int threads = 0;  // the threads they were measured on
+  double ms = 0;    // the median time measured for the blocks
 };
 
 // ceil(log2(max(n, 1))).
 int size_class(std::int64_t n);
 // The key of a problem on this machine: this CPU's model name and `isa`.
 TuneKey make_tune_key(const std::string& isa, std::int64_t G, std::int64_t H, std::int64_t T,
-                      std::int64_t S, bool causal, Precision precision, int threads);
+                      std::int64_t S, bool causal, Precision precision);
 // This CPU's model name (from /proc/cpuinfo; "unknown-cpu" elsewhere), without tabs or newlines.
 std::string cpu_model();
 
@@ -58,6 +60,10 @@ void store_tune_entry(const std::string& path, const TuneEntry& entry);
 // bad file goes to stderr once). reload_tune_cache() forgets the loaded copy (after `tune` or in tests).
 std::optional<TuneEntry> lookup_tuned_blocks(const TuneKey& key);
 void reload_tune_cache();
+
+// Where the warning about a bad cache file goes: by default one line on stderr. The CLI sends it to
+// stdout, whose stderr may carry only the lines its contract allows. Null restores the default.
+void set_tune_warning_sink(void (*sink)(const std::string& message));
 
 // For flash with both block sizes automatic (0): sets p.block_q and p.block_kv to the tuned pair of
 // the problem's class on instruction set `isa`, if the cache has one. Returns whether it did.

@@ -18,7 +18,8 @@ std::string temp_path(const std::string& name) {
 
 TuneEntry entry(std::int64_t T, std::int64_t bq, std::int64_t bkv) {
   TuneEntry e;
-  e.key = make_tune_key("avx512bf16", 4, 128, T, T, false, Precision::bf16, 2);
+  e.key = make_tune_key("avx512bf16", 4, 128, T, T, false, Precision::bf16);
+  e.threads = 2;
   e.block_q = bq;
   e.block_kv = bkv;
   e.ms = 12.5;
@@ -48,6 +49,7 @@ TEST(TuneCache, RoundTripAndReplace) {
   EXPECT_EQ(entries[0].block_q, 128);
   EXPECT_EQ(entries[0].block_kv, 1024);
   EXPECT_DOUBLE_EQ(entries[0].ms, 12.5);
+  EXPECT_EQ(entries[0].threads, 2);
   EXPECT_EQ(entries[1].block_q, 32);
 }
 
@@ -71,7 +73,7 @@ TEST(TuneCache, FlashTakesTunedBlocksOnlyWhenBothAreAutomatic) {
   Problem p;
   p.G = 4, p.H = 128, p.T = 3000, p.S = 4096, p.threads = 2, p.precision = Precision::bf16;
   TuneEntry e;
-  e.key = make_tune_key("avx512bf16", p.G, p.H, p.T, p.S, false, Precision::bf16, 2);
+  e.key = make_tune_key("avx512bf16", p.G, p.H, p.T, p.S, false, Precision::bf16);
   e.block_q = 48;
   e.block_kv = 320;
   store_tune_entry(path, e);
@@ -85,6 +87,11 @@ TEST(TuneCache, FlashTakesTunedBlocksOnlyWhenBothAreAutomatic) {
   explicit_blocks.block_kv = 64;  // one explicit size: the cache is not consulted
   EXPECT_FALSE(apply_tuned_blocks(explicit_blocks, "avx512bf16"));
   EXPECT_EQ(explicit_blocks.block_q, 0);
+  Problem one_thread = p;  // the thread count is not part of the class: same blocks, same bits
+  one_thread.block_q = one_thread.block_kv = 0;
+  one_thread.threads = 1;
+  EXPECT_TRUE(apply_tuned_blocks(one_thread, "avx512bf16"));
+  EXPECT_EQ(one_thread.block_q, 48);
   Problem other_isa = p;
   other_isa.block_q = other_isa.block_kv = 0;
   EXPECT_FALSE(apply_tuned_blocks(other_isa, "avx2"));  // tuned on another path
