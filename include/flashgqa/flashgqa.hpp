@@ -112,7 +112,8 @@ void attention(const TensorView& out, const TensorView& lse, const TensorView& q
 // The seed's linear_attn_scan_s, another operator (no softmax):
 //   out[b,k,g,t,:] = sum_j (scale * q.k_j) v_j      over the visible keys j,
 // with the same precision rule (logits rounded to bf16 before the second matmul under Precision::bf16),
-// chunked over S with Options::block_kv. Options::algorithm is ignored.
+// chunked over S with Options::block_kv. Options::algorithm is ignored; Options::block_q must be 0
+// (it chunks only over S).
 void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,
                       const TensorView& v, const Options& options = {});
 
