@@ -26,10 +26,8 @@
 #include "core/dtype.hpp"
 #include "flash/aligned_buffer.hpp"
 #include "flash/finish_rows.hpp"
+#include "flash/run_tasks.hpp"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace flashgqa {
 namespace {
@@ -179,24 +177,13 @@ void flash_attention_decode(const Problem& p, const FlashKernels& k) {
   const Plan plan = make_plan(p, k);
   const auto ntasks = static_cast<std::int64_t>(plan.tasks.size());
   const std::int64_t nmerges = plan.nsplit > 1 ? p.B * p.K : 0;
-  const int nthreads = static_cast<int>(std::clamp<std::int64_t>(p.threads, 1, std::max<std::int64_t>(ntasks, 1)));
   Partials parts(plan);
-  std::vector<Workspace> spaces;  // allocated here, so a failed allocation throws to the caller
-  spaces.reserve(static_cast<std::size_t>(nthreads));
-  for (int i = 0; i < nthreads; ++i) spaces.emplace_back(plan);
-#pragma omp parallel num_threads(nthreads)
-  {
-#ifdef _OPENMP
-    Workspace& w = spaces[static_cast<std::size_t>(omp_get_thread_num())];
-#else
-    Workspace& w = spaces[0];
-#endif
-    std::vector<float> tmp(static_cast<std::size_t>(p.H));
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < ntasks; ++i) run_task(p, plan, plan.tasks[static_cast<std::size_t>(i)], w, parts, tmp);
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < nmerges; ++i) merge_splits(p, plan, i, parts, tmp);
-  }
+  run_tasks_then_merges(
+      p.threads, p.H, ntasks, nmerges, [&] { return Workspace(plan); },
+      [&](std::int64_t i, Workspace& w, std::vector<float>& tmp) {
+        run_task(p, plan, plan.tasks[static_cast<std::size_t>(i)], w, parts, tmp);
+      },
+      [&](std::int64_t i, std::vector<float>& tmp) { merge_splits(p, plan, i, parts, tmp); });
 }
 
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k) {
