@@ -68,10 +68,20 @@ struct Plan {
   const FlashKernels* kern = nullptr;
   FlashBlocks blocks;
   std::int64_t Hp = 0, M = 0, Mpad = 0, npad = 0;  // M: rows of a full q block
-  std::vector<Task> tasks;
+  std::vector<Task> tasks;  // grouped by kv head group, largest first within a group
   std::vector<Merge> merges;
   std::int64_t slots = 0;
+  // K/V are packed once per kv head, for all its q blocks, a group of heads at a time.
+  std::int64_t kv_all = 0;       // keys any query sees: [0, kv_all)
+  std::int64_t kv_blocks = 0;    // KV blocks of a head
+  std::int64_t block_bytes = 0;  // one packed K (or V) block, npad keys x Hp
+  std::int64_t heads_per_group = 1;
+  std::vector<std::int64_t> group_first;  // tasks of group g: [group_first[g], group_first[g + 1])
+  std::int64_t head_group(const Task& t, std::int64_t K) const { return (t.b * K + t.kh) / heads_per_group; }
 };
+
+// Bytes of packed K and V that one group of heads may hold (at least one head is always allowed).
+constexpr std::int64_t kPackedGroupBytes = std::int64_t{256} << 20;
 
 // Keys query block qb may see at all: [0, kv_end).
 std::int64_t block_kv_end(const Problem& p, const FlashBlocks& bl, std::int64_t qb) {
@@ -111,15 +121,58 @@ Plan make_plan(const Problem& p, Isa isa) {
           plan.tasks.push_back({b, kh, qb, lo, hi, plan.slots++, rows * (hi - lo)});
         }
       }
-  // Largest first, so the dynamic schedule ends with small tasks (only the order of execution).
-  std::stable_sort(plan.tasks.begin(), plan.tasks.end(),
-                   [](const Task& x, const Task& y) { return x.work > y.work; });
+  // Heads per group: enough tasks to keep every thread busy, within the packed-memory budget. (Only
+  // the order of work and the memory change with the thread count, never a result.)
+  const std::int64_t heads = p.B * p.K;
+  plan.kv_all = p.visible_keys(p.T - 1);
+  plan.kv_blocks = ceil_div(plan.kv_all, bl.bkv);
+  plan.block_bytes = plan.npad * plan.Hp * plan.kern->operand_bytes;
+  const std::int64_t tasks_per_head = std::max<std::int64_t>(static_cast<std::int64_t>(plan.tasks.size()) / heads, 1);
+  plan.heads_per_group = std::clamp<std::int64_t>(ceil_div(4 * std::max(p.threads, 1), tasks_per_head), 1, heads);
+  while (plan.heads_per_group > 1 && plan.heads_per_group * 2 * plan.kv_blocks * plan.block_bytes > kPackedGroupBytes)
+    --plan.heads_per_group;
+  // By group, then largest first, so each group's dynamic schedule ends with small tasks.
+  std::stable_sort(plan.tasks.begin(), plan.tasks.end(), [&](const Task& x, const Task& y) {
+    const std::int64_t gx = plan.head_group(x, p.K), gy = plan.head_group(y, p.K);
+    return gx != gy ? gx < gy : x.work > y.work;
+  });
+  const std::int64_t ngroups = ceil_div(heads, plan.heads_per_group);
+  plan.group_first.assign(static_cast<std::size_t>(ngroups + 1), 0);
+  for (const Task& t : plan.tasks) ++plan.group_first[static_cast<std::size_t>(plan.head_group(t, p.K) + 1)];
+  for (std::int64_t g = 0; g < ngroups; ++g)
+    plan.group_first[static_cast<std::size_t>(g + 1)] += plan.group_first[static_cast<std::size_t>(g)];
   return plan;
+}
+
+// The packed K and V blocks of one group of heads: head i of the group, block j at
+// (i * kv_blocks + j) * block_bytes. Block j holds keys [j bkv, j bkv + n_j), n_j = min(bkv, kv_all - j bkv),
+// zero padded to a multiple of 32 keys; its V panels are laid out for that padded length.
+struct PackedKV {
+  AlignedBuffer k, v;
+  explicit PackedKV(const Plan& plan) {
+    const auto bytes = static_cast<std::size_t>(plan.heads_per_group * plan.kv_blocks * plan.block_bytes);
+    k.reset(bytes);
+    v.reset(bytes);
+  }
+  std::int64_t offset(const Plan& plan, std::int64_t head_in_group, std::int64_t block) const {
+    return (head_in_group * plan.kv_blocks + block) * plan.block_bytes;
+  }
+};
+
+// Packs block j of head `head` (b * K + kh) into its place in the group's buffers.
+void pack_block(const Problem& p, const Plan& plan, PackedKV& kv, std::int64_t head, std::int64_t j) {
+  const FlashKernels& kern = *plan.kern;
+  const bool round = p.precision == Precision::bf16;
+  const std::int64_t b = head / p.K, kh = head % p.K, s0 = j * plan.blocks.bkv;
+  const std::int64_t n = std::min(plan.blocks.bkv, plan.kv_all - s0);
+  const std::int64_t at = kv.offset(plan, head % plan.heads_per_group, j);
+  kern.pack_k(kv.k.as<char>() + at, {p.k_row(b, kh, s0), p.k_dtype, p.k_stride[2], n, p.H, plan.Hp, round});
+  kern.pack_v(kv.v.as<char>() + at, {p.v_row(b, kh, s0), p.v_dtype, p.v_stride[2], n, p.H, plan.Hp, round});
 }
 
 // One thread's buffers (64-byte aligned; leading dimensions are multiples of 64 bytes).
 struct Workspace {
-  AlignedBuffer q, o, m, l, k, v, s, p, corr, limit;
+  AlignedBuffer q, o, m, l, s, p, corr, limit;
   std::int64_t ldq = 0, ldo = 0, lds = 0, ldp = 0;
 
   explicit Workspace(const Plan& plan) {
@@ -130,8 +183,6 @@ struct Workspace {
     o.reset(static_cast<std::size_t>(plan.Mpad * ldo * 4));
     m.reset(static_cast<std::size_t>(plan.Mpad * 4));
     l.reset(static_cast<std::size_t>(plan.Mpad * 4));
-    k.reset(static_cast<std::size_t>(plan.npad * plan.Hp * ob));
-    v.reset(static_cast<std::size_t>(plan.npad * plan.Hp * ob));
     s.reset(static_cast<std::size_t>(mr * lds * 4));
     p.reset(static_cast<std::size_t>(mr * ldp * ob));
     corr.reset(static_cast<std::size_t>(mr * 4));
@@ -157,8 +208,8 @@ struct RowMap {
   std::int64_t g(std::int64_t r) const { return r % G; }
 };
 
-void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w, Partials* parts,
-              std::vector<float>& tmp) {
+void run_task(const Problem& p, const Plan& plan, const Task& task, const PackedKV& kv, Workspace& w,
+              Partials* parts, std::vector<float>& tmp) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t ob = kern.operand_bytes, mr = kern.mr, Hp = plan.Hp, G = p.G;
   const std::int64_t bq = plan.blocks.bq, bkv = plan.blocks.bkv;
@@ -181,10 +232,13 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
   std::fill(l, l + M, 0.0f);
 
   for (std::int64_t s0 = task.kv_begin; s0 < task.kv_end; s0 += bkv) {
+    // The task's keys of this block, and the block as packed for every q block of the head (it may
+    // hold more keys, which the masks below never let through).
     const std::int64_t n = std::min(bkv, task.kv_end - s0), npad = round_up(n, kPanelKeys);
-    // The block, packed once for all row tiles of the task.
-    kern.pack_k(w.k.data(), {p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2], n, p.H, Hp, round});
-    kern.pack_v(w.v.data(), {p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2], n, p.H, Hp, round});
+    const std::int64_t at = kv.offset(plan, (task.b * p.K + task.kh) % plan.heads_per_group, s0 / bkv);
+    const char* kblock = kv.k.as<char>() + at;
+    const char* vblock = kv.v.as<char>() + at;
+    const std::int64_t vpad = round_up(std::min(bkv, plan.kv_all - s0), kPanelKeys);  // V panel length
     for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
       const int nr = static_cast<int>(std::min(mr, M - r0));
       // Keys of this block the tile's rows may see: the first row sees fewest, the last most.
@@ -203,13 +257,13 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
       // S = scale Q K^T over the panels some row may see.
       for (std::int64_t c = 0; c < nk; c += kPanelKeys)
         kern.qk_tile(
-            {s + c, w.lds, q + r0 * w.ldq * ob, w.ldq, w.k.as<char>() + c * Hp * ob, Hp, p.scale, nr});
+            {s + c, w.lds, q + r0 * w.ldq * ob, w.ldq, kblock + c * Hp * ob, Hp, p.scale, nr});
       // Running max, P = exp(S - m) (bf16), l = l corr + sum P.
       const bool moved = kern.softmax_tile(
           {s, w.lds, w.p.data(), w.ldp, m + r0, l + r0, w.corr.as<float>(), lim, nk, nr, round});
       // O = O corr + P V, one h tile at a time (the rescale only when some row's max moved).
       for (std::int64_t c = 0; c < Hp; c += kHTile)
-        kern.pv_tile({o + r0 * w.ldo + c, w.ldo, w.p.data(), w.ldp, w.v.as<char>() + c * npad * ob, nkeys,
+        kern.pv_tile({o + r0 * w.ldo + c, w.ldo, w.p.data(), w.ldp, vblock + c * vpad * ob, nkeys,
                       moved ? w.corr.as<float>() : nullptr, nr});
     }
   }
@@ -249,13 +303,22 @@ void flash_attention_fast(const Problem& p, Isa isa) {
   if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
     return flash_attention_decode(p, kern);
   const Plan plan = make_plan(p, isa);
-  const std::int64_t ntasks = static_cast<std::int64_t>(plan.tasks.size());
   Partials parts(plan);
-  run_tasks_then_merges(
-      p.threads, p.H, ntasks, static_cast<std::int64_t>(plan.merges.size()), [&] { return Workspace(plan); },
-      [&](std::int64_t i, Workspace& w, std::vector<float>& tmp) {
-        run_task(p, plan, plan.tasks[static_cast<std::size_t>(i)], w, &parts, tmp);
+  PackedKV kv(plan);  // one group of heads at a time
+  const std::int64_t heads = p.B * p.K;
+  run_grouped_tasks_then_merges(
+      p.threads, p.H, plan.group_first,
+      [&](std::int64_t g) {  // the group's (head, block) pairs
+        return (std::min(heads, (g + 1) * plan.heads_per_group) - g * plan.heads_per_group) * plan.kv_blocks;
       },
+      [&](std::int64_t g, std::int64_t i) {
+        pack_block(p, plan, kv, g * plan.heads_per_group + i / plan.kv_blocks, i % plan.kv_blocks);
+      },
+      [&] { return Workspace(plan); },
+      [&](std::int64_t i, Workspace& w, std::vector<float>& tmp) {
+        run_task(p, plan, plan.tasks[static_cast<std::size_t>(i)], kv, w, &parts, tmp);
+      },
+      static_cast<std::int64_t>(plan.merges.size()),
       [&](std::int64_t i, std::vector<float>& tmp) {
         merge_splits(p, plan, plan.merges[static_cast<std::size_t>(i)], parts, tmp);
       });

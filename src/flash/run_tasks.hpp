@@ -15,11 +15,16 @@
 
 namespace flashgqa {
 
-// task(i, workspace, tmp) for i < ntasks, then merge(i, tmp) for i < nmerges, on at most `threads`
-// threads; tmp holds H floats of per-thread scratch. make_workspace() builds one workspace.
-template <typename MakeWorkspace, typename Task, typename Merge>
-void run_tasks_then_merges(int threads, std::int64_t H, std::int64_t ntasks, std::int64_t nmerges,
-                           MakeWorkspace make_workspace, Task task, Merge merge) {
+// Tasks in groups: for each group g in order, first prepare(g, i) for i < prepare_count(g) (work the
+// group's tasks share, such as packing their K/V; spread over the threads), then task(i, workspace,
+// tmp) for the group's tasks [group_first[g], group_first[g + 1]); after all groups, merge(i, tmp) for
+// i < nmerges. At most `threads` threads; tmp holds H floats of per-thread scratch.
+template <typename MakeWorkspace, typename PrepareCount, typename Prepare, typename Task, typename Merge>
+void run_grouped_tasks_then_merges(int threads, std::int64_t H, const std::vector<std::int64_t>& group_first,
+                                   PrepareCount prepare_count, Prepare prepare, MakeWorkspace make_workspace,
+                                   Task task, std::int64_t nmerges, Merge merge) {
+  const std::int64_t ngroups = static_cast<std::int64_t>(group_first.size()) - 1;
+  const std::int64_t ntasks = ngroups > 0 ? group_first.back() : 0;
   const int nthreads = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(ntasks, 1)));
   using Workspace = decltype(make_workspace());
   std::vector<Workspace> spaces;
@@ -33,11 +38,27 @@ void run_tasks_then_merges(int threads, std::int64_t H, std::int64_t ntasks, std
 #else
     const std::size_t id = 0;
 #endif
+    for (std::int64_t g = 0; g < ngroups; ++g) {  // every thread walks the groups in step
+      const std::int64_t nprep = prepare_count(g);
+#pragma omp for schedule(static)
+      for (std::int64_t i = 0; i < nprep; ++i) prepare(g, i);
+      const std::int64_t first = group_first[static_cast<std::size_t>(g)],
+                         last = group_first[static_cast<std::size_t>(g + 1)];
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < ntasks; ++i) task(i, spaces[id], tmps[id]);
+      for (std::int64_t i = first; i < last; ++i) task(i, spaces[id], tmps[id]);
+    }
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < nmerges; ++i) merge(i, tmps[id]);
   }
+}
+
+// One group of tasks, nothing to prepare.
+template <typename MakeWorkspace, typename Task, typename Merge>
+void run_tasks_then_merges(int threads, std::int64_t H, std::int64_t ntasks, std::int64_t nmerges,
+                           MakeWorkspace make_workspace, Task task, Merge merge) {
+  run_grouped_tasks_then_merges(
+      threads, H, std::vector<std::int64_t>{0, ntasks}, [](std::int64_t) { return std::int64_t{0}; },
+      [](std::int64_t, std::int64_t) {}, make_workspace, task, nmerges, merge);
 }
 
 }  // namespace flashgqa
