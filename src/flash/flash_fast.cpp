@@ -1,20 +1,21 @@
 // Design (what moves where, and why):
 //
+// K and V of each kv head are packed once per call, in blocks of bkv keys, into the layouts the
+// micro-kernels read (K as panels of 32 keys, V in pairs along keys; see kernels/microkernels.hpp), a
+// group of heads at a time (bounded memory), and every q block and G head of that kv head reads them.
 // Work is split into tasks over (b, kv head, q block [, KV split]). A q block is bq query positions of
 // all G heads of one kv head: M = G*bq rows, ordered position-major (row = ti*G + g) so a register
 // tile of rows spans as few positions as possible and the causal diagonal cuts few tiles. Each task:
 //   1. packs its Q rows once (bf16-rounded, H zero padded to Hp): M x Hp, stays in L2;
-//   2. walks its KV range block by block. Each block of bkv keys is packed once per task into the
-//      layouts the micro-kernels read (K as panels of 32 keys, V in pairs along keys; see
-//      kernels/microkernels.hpp) and then serves every row tile of the task: G*bq rows reuse each
-//      K/V byte brought into cache, so DRAM/L3 traffic is (K+V) / (G*bq) per row;
+//   2. walks its KV range block by block; each packed block serves every row tile of the task: G*bq
+//      rows reuse each K/V byte brought into cache, so DRAM/L3 traffic is (K+V) / (G*bq) per row;
 //   3. per row tile of MR rows: S = scale Q K^T (qk_tile, panel by panel, only the panels some row of
 //      the tile may see), the online softmax (softmax_tile: running max, P = exp(S - m) rounded to
 //      bf16, fp32 denominators, masking only where the diagonal or the block end cuts the tile),
 //      O = O * corr + P V (pv_tile, the rescale folded into the accumulator load, skipped when no
 //      max moved). S and P of a tile stay in L1; O rows stay in L2 for the whole task;
 //   4. writes out = O / l once in out's dtype, and lse = m + log l.
-// KV blocks entirely above the diagonal are never packed nor computed.
+// KV blocks above the diagonal of every query are never packed; above a task's diagonal, never computed.
 //
 // Threads take tasks dynamically (largest first). When there are few tasks (small T, decode), each
 // q block's KV range is split into pieces whose partial (O, m, l) are merged by log-sum-exp in a fixed
