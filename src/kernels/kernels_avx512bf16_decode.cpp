@@ -6,9 +6,11 @@
 // kernels spend instructions (a transpose-add, permutes) to avoid any packed copy, and prefetch every
 // line of the row `prefetch` keys ahead into L2 (_MM_HINT_T1: T0 and longer or shorter distances
 // measured no better, docs/performance.md).
-//   decode_qk_rows: per group of 16 keys and per row r, 16 accumulators (one per key) take
-//     `vdpbf16ps(q[r] chunk, k[j] chunk)` over the Hp/32 chunks of 32 h (q's chunk in a register,
-//     k's from L1 after the first row), then a 16x16 transpose-add turns them into 16 logits.
+//   decode_qk_rows: the rows go in blocks of RB = 8, 4, 2, 1 (R = 4: one block); per block and per
+//     16 / RB keys, 16 accumulators (one per (row, key)) take `vdpbf16ps(q[r] chunk, k[j] chunk)` over
+//     the Hp/32 chunks of 32 h, each K chunk loaded once for the block's RB rows, then a 16x16
+//     transpose-add turns them into 16 logits (RB rows x 16 / RB keys). Each logit's lanes are summed
+//     in the same fixed order whatever its slot: bitwise the logits of the one-row-at-a-time kernel (E).
 //   decode_pv_rows: per group of 32 keys and per 64 columns (32 when more than 4 rows), two V rows
 //     are interleaved into bf16 pairs along keys (vpermt2w) and each row's broadcast P word (the same
 //     two keys) is accumulated with vdpbf16ps into the row's accumulators, loaded from and stored
@@ -62,26 +64,75 @@ inline __m512i load_row32(const char* row, DType dtype, std::int64_t h0, std::in
   return load32_bf16(row, dtype, h0, H);
 }
 
-// S[r][j0 .. j0+16) for R rows; keys j >= nj of the group are zero (kFull: nj = 16).
-template <int R, bool kPlain, bool kFull>
-inline void qk_group(const DecodeQk& t, const char* k0, std::int64_t ld_bytes, std::int64_t j0, int nj) {
-  const auto* q = static_cast<const std::uint16_t*>(t.q);
-  const __m512 scale = _mm512_set1_ps(t.scale);
-  const char* kr = k0 + j0 * ld_bytes;
-  for (int r = 0; r < R; ++r) {
-    __m512 acc[kQkGroup];
+// S[r0 + r][j0 + j] for RB rows and KG = 16 / RB keys (lane r KG + j of one transpose-add); keys
+// j >= nj of the group are zero. Each K chunk is loaded once and feeds the RB rows' accumulators.
+template <int RB, bool kPlain, bool kFull>
+inline void qk_block(const DecodeQk& t, const char* kr, std::int64_t ld_bytes, int r0, std::int64_t j0, int nj) {
+  constexpr int KG = kQkGroup / RB;
+  const auto* q = static_cast<const std::uint16_t*>(t.q) + r0 * t.ldq;
+  __m512 acc[kQkGroup];
 #pragma GCC unroll 16
-    for (int j = 0; j < kQkGroup; ++j) acc[j] = _mm512_setzero_ps();
+  for (int i = 0; i < kQkGroup; ++i) acc[i] = _mm512_setzero_ps();
+  if (kFull || nj > 0) {
+#pragma GCC unroll 8
     for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 32) {
-      const __m512bh qc = (__m512bh)_mm512_load_si512(q + r * t.ldq + h0);
+      __m512bh qc[RB];
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) qc[r] = (__m512bh)_mm512_load_si512(q + r * t.ldq + h0);
 #pragma GCC unroll 16
-      for (int j = 0; j < kQkGroup; ++j) {
+      for (int j = 0; j < KG; ++j) {
         const __m512i kc = kFull || j < nj ? load_row32<kPlain>(kr + j * ld_bytes, t.k_dtype, h0, t.H) : _mm512_setzero_si512();
-        acc[j] = _mm512_dpbf16_ps(acc[j], qc, (__m512bh)kc);
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; ++r) acc[r * KG + j] = _mm512_dpbf16_ps(acc[r * KG + j], qc[r], (__m512bh)kc);
       }
     }
-    _mm512_storeu_ps(t.s + r * t.lds + j0, _mm512_mul_ps(transpose_add16(acc), scale));
   }
+  const __m512 v = _mm512_mul_ps(transpose_add16(acc), _mm512_set1_ps(t.scale));
+  float* s = t.s + r0 * t.lds + j0;
+  if constexpr (RB == 1) {
+    _mm512_storeu_ps(s, v);
+  } else if constexpr (RB == 2) {
+    _mm256_storeu_ps(s, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(s + t.lds, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  } else if constexpr (RB == 4) {
+    _mm_storeu_ps(s, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(s + t.lds, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(s + 2 * t.lds, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(s + 3 * t.lds, _mm512_extractf32x4_ps(v, 3));
+  } else {
+    static_assert(RB == 8);
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, v);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      s[r * t.lds] = tmp[2 * r];
+      s[r * t.lds + 1] = tmp[2 * r + 1];
+    }
+  }
+}
+
+// S[r0 .. r0+RB)[j0 .. j0+16): sub-groups of 16 / RB keys; keys j >= nj of the group are zero.
+template <int RB, bool kPlain>
+inline void qk_rows_block(const DecodeQk& t, const char* k0, std::int64_t ld_bytes, int r0, std::int64_t j0, int nj) {
+  constexpr int KG = kQkGroup / RB;
+  if (nj >= kQkGroup) {
+#pragma GCC unroll 8
+    for (int jj = 0; jj < kQkGroup; jj += KG)
+      qk_block<RB, kPlain, true>(t, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, KG);
+    return;
+  }
+  for (int jj = 0; jj < kQkGroup; jj += KG)
+    qk_block<RB, kPlain, false>(t, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, nj - jj);
+}
+
+// S[r][j0 .. j0+16) for R rows, in row blocks of 8, 4, 2, 1.
+template <int R, bool kPlain>
+inline void qk_group(const DecodeQk& t, const char* k0, std::int64_t ld_bytes, std::int64_t j0, int nj) {
+  int r0 = 0;
+  if constexpr (R >= 8) { qk_rows_block<8, kPlain>(t, k0, ld_bytes, r0, j0, nj); r0 += 8; }
+  if constexpr (R % 8 >= 4) { qk_rows_block<4, kPlain>(t, k0, ld_bytes, r0, j0, nj); r0 += 4; }
+  if constexpr (R % 4 >= 2) { qk_rows_block<2, kPlain>(t, k0, ld_bytes, r0, j0, nj); r0 += 2; }
+  if constexpr (R % 2 == 1) qk_rows_block<1, kPlain>(t, k0, ld_bytes, r0, j0, nj);
 }
 
 template <int R, bool kPlain>
@@ -91,10 +142,7 @@ void qk_rows(const DecodeQk& t) {
   for (std::int64_t j0 = 0; j0 < t.n; j0 += kQkGroup) {
     prefetch_rows(k0, ld_bytes, row_bytes, j0 + t.prefetch, j0 + t.prefetch + kQkGroup, t.prefetch_end);
     const std::int64_t nj = t.n - j0;
-    if (nj >= kQkGroup)
-      qk_group<R, kPlain, true>(t, k0, ld_bytes, j0, kQkGroup);
-    else
-      qk_group<R, kPlain, false>(t, k0, ld_bytes, j0, static_cast<int>(nj));
+    qk_group<R, kPlain>(t, k0, ld_bytes, j0, nj >= kQkGroup ? kQkGroup : static_cast<int>(nj));
   }
 }
 
