@@ -11,7 +11,9 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 
+#include "core/dtype.hpp"
 #include "flash/flash_fast.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
@@ -82,6 +84,36 @@ TEST_P(FlashDecode, IsTakenWithSplits) {
   flash_attention_fast(p, isa());
   const ErrorReport r = check_against_reference(p, reference_attention(p));
   EXPECT_TRUE(r.ok) << r.describe();
+}
+
+// The avx512bf16 decode kernels' fast path (bf16 K/V rows, H = 64, 128 or 256, whole key groups) and
+// their generic path (any dtype and H) run the same sums in the same order: the same values given once
+// as bfloat16 and once as float32 (exactly, so the same bf16 operands) give the same bits, for every
+// row count, key counts with whole groups and a tail, causal or not, blocks and splits. Against the
+// reference too.
+TEST_P(FlashDecode, FastKernelsGiveTheGenericBits) {
+  int seed = 70;
+  for (std::int64_t H : {64, 128, 256})
+    for (const auto& [G, T] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1},
+                               {6, 1}, {7, 1}, {8, 1}, {3, 2}, {4, 2}})
+      for (bool causal : {false, true}) {
+        const Shape shape{1, 2, G, T, 700 + 37 * G + 5 * T, H};
+        Options o;
+        o.causal = causal;
+        o.block_kv = causal ? 200 : 0;
+        AttentionCase fast = make_case(shape, DType::bf16, DType::f32, Layout::contiguous, ++seed);
+        AttentionCase generic = make_case(shape, DType::f32, DType::f32, Layout::contiguous, seed);
+        for (auto [from, to] : {std::pair{&fast.q, &generic.q}, {&fast.k, &generic.k}, {&fast.v, &generic.v}}) {
+          const auto* bits = static_cast<const std::uint16_t*>(from->data);  // contiguous: numel() elements
+          auto* values = static_cast<float*>(to->data);
+          for (std::int64_t i = 0; i < from->numel(); ++i) values[i] = bf16_bits_to_float(bits[i]);
+        }
+        const ErrorReport r = run_flash_and_check(fast, o, isa());
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << (causal ? " causal: " : ": ") << r.describe();
+        flash_attention_fast(flash_problem(generic, o), isa());
+        EXPECT_TRUE(bitwise_equal(fast.out_and_lse_values(), generic.out_and_lse_values()))
+            << testing::to_string(shape) << (causal ? " causal" : "");
+      }
 }
 
 TEST_P(FlashDecode, BlocksThatDivideNothing) {
