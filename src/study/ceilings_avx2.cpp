@@ -21,11 +21,13 @@ double f32_fma_loop_avx2(long iterations, float* sink) {
   return static_cast<double>(iterations) * kChains * 16.0;
 }
 
-// Streams `bytes` (a multiple of 256) through 32-byte loads.
-double read_loop_avx2(const void* data, long bytes, long* sink) {
+// Streams `bytes` (a multiple of 256) through 32-byte loads; `ahead` as in read_loop_avx512.
+double read_loop_avx2(const void* data, long bytes, long ahead, long* sink) {
   const auto* p = static_cast<const __m256i*>(data);
+  const auto* c = static_cast<const char*>(data);
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (long i = 0; i < bytes / 32; i += 4) {
+    if (ahead > 0 && (i & 127) == 0 && i * 32 + ahead < bytes) _mm_prefetch(c + i * 32 + ahead, _MM_HINT_T1);
     a0 = _mm256_xor_si256(a0, _mm256_load_si256(p + i));
     a1 = _mm256_xor_si256(a1, _mm256_load_si256(p + i + 1));
     a2 = _mm256_xor_si256(a2, _mm256_load_si256(p + i + 2));
