@@ -4,7 +4,7 @@
 // (row r = t*G + g, as in flash_fast.cpp) against one contiguous range of keys. The task packs its Q
 // rows once (bf16, H padded to Hp) and walks its keys in blocks of bkv:
 //   1. S = scale Q K^T: decode_qk_rows reads the block's K rows in address order from their source
-//      (no packed copy), prefetching kPrefetchKeys rows ahead;
+//      (no packed copy);
 //   2. the online softmax over the block (softmax_tile: running max, P = exp(S - m) rounded to bf16,
 //      fp32 sums of the unrounded P, keys at or beyond each row's visible limit masked);
 //   3. O = O corr + P V: decode_pv_rows reads the block's V rows in address order, likewise.
@@ -36,7 +36,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kMinTasks = 16;           // as flash_fast.cpp: a constant, never the thread count
 constexpr std::int64_t kMinBlocksPerSplit = 2;   // a split covers at least this many blocks
 constexpr std::int64_t kDecodeBlockKeys = 512;   // bkv unless block_kv is set (see docs/performance.md)
-constexpr std::int64_t kPrefetchKeys = 32;       // software prefetch distance, in keys (8 KiB at H = 128)
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 std::int64_t ceil_div(std::int64_t x, std::int64_t m) { return (x + m - 1) / m; }
@@ -127,17 +126,15 @@ void run_task(const Problem& p, const Plan& plan, const Task& task, Workspace& w
       limit[r] = static_cast<std::int32_t>(std::clamp<std::int64_t>(p.visible_keys(r / G) - s0, 0, n));
     const std::int64_t nk = limit[M - 1];
     if (nk == 0) continue;
-    const std::int64_t ahead = task.kv_end - s0;  // keys the prefetch may touch
     // S = scale Q K^T over the keys some row sees.
     kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
-                         nk, p.H, Hp, p.scale, static_cast<int>(M), kPrefetchKeys, ahead});
+                         nk, p.H, Hp, p.scale, static_cast<int>(M)});
     // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys >= limit[r] masked.
     const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(),
                                           limit, round_up(nk, kPanelKeys), static_cast<int>(M), true});
     // O = O corr + P V (the rescale only when some row's max moved).
     kern.decode_pv_rows({o, Hp, w.p.data(), w.ld, p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2], nk,
-                         round_up(nk, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr, static_cast<int>(M),
-                         kPrefetchKeys, ahead});
+                         round_up(nk, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr, static_cast<int>(M)});
   }
 
   if (task.slot < 0) {

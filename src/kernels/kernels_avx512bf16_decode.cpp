@@ -3,11 +3,10 @@
 // Compiled with the flags of kernels_avx512bf16.cpp (CMakeLists.txt).
 //
 // Decode does ~G FLOPs per K/V byte, so it is bound by the DRAM stream, not by vdpbf16ps: these
-// kernels spend instructions (a transpose-add, permutes) to avoid any packed copy, and prefetch every
-// line of the row `prefetch` keys ahead into L2 (_MM_HINT_T1: T0, page-start-only prefetch and longer
-// or shorter distances measured no better, docs/performance.md). What did matter is the order of the
-// loads and the instructions per key: the hardware prefetchers keep a stream going only when the
-// rows are read line after line, and the core overlaps the misses with less arithmetic per byte.
+// kernels spend instructions (a transpose-add, permutes) to avoid any packed copy. What decides their
+// speed is the order of the loads and the instructions per key: the hardware prefetchers keep a stream
+// going only when the rows are read line after line, and then software prefetch only costs (it was
+// removed: up to 28% slower with it, docs/performance.md, decode I).
 //   decode_qk_rows: the rows go in blocks of RB = 8, 4, 2, 1 (R = 4: one block); per block and per
 //     16 / RB keys, 16 accumulators (one per (row, key)) take `vdpbf16ps(q[r] chunk, k[j] chunk)` over
 //     the Hp/32 chunks of 32 h, then a 16x16 transpose-add turns them into 16 logits (RB rows x 16 / RB
@@ -38,14 +37,6 @@ constexpr int kPvFastGroupBytes = 8192;  // of V per group on the fast path (32 
 using word_t = std::uint32_t __attribute__((may_alias));
 
 inline std::int64_t elem_bytes(DType d) { return d == DType::f32 ? 4 : 2; }
-
-// Prefetches every line of rows [j0, j1) ∩ [0, end) of a source whose rows are ld_bytes apart.
-inline void prefetch_rows(const char* base, std::int64_t ld_bytes, std::int64_t row_bytes, std::int64_t j0,
-                          std::int64_t j1, std::int64_t end) {
-  if (j1 > end) j1 = end;
-  for (std::int64_t j = j0; j < j1; ++j)
-    for (std::int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(base + j * ld_bytes + b, _MM_HINT_T1);
-}
 
 // out lane j = sum of the 16 lanes of v[j] (v is clobbered).
 inline __m512 transpose_add16(__m512 v[16]) {
@@ -150,9 +141,8 @@ inline void qk_group(const DecodeQk& t, const char* k0, std::int64_t ld_bytes, s
 template <int R, bool kPlain>
 void qk_rows(const DecodeQk& t, std::int64_t j_begin) {
   const char* k0 = static_cast<const char*>(t.k);
-  const std::int64_t eb = elem_bytes(t.k_dtype), ld_bytes = t.ldk * eb, row_bytes = t.H * eb;
+  const std::int64_t ld_bytes = t.ldk * elem_bytes(t.k_dtype);
   for (std::int64_t j0 = j_begin; j0 < t.n; j0 += kQkGroup) {
-    prefetch_rows(k0, ld_bytes, row_bytes, j0 + t.prefetch, j0 + t.prefetch + kQkGroup, t.prefetch_end);
     const std::int64_t nj = t.n - j0;
     qk_group<R, kPlain>(t, k0, ld_bytes, j0, nj >= kQkGroup ? kQkGroup : static_cast<int>(nj));
   }
@@ -197,11 +187,10 @@ void qk_rows_fast(const DecodeQk& t) {
   const auto* q = static_cast<const std::uint16_t*>(t.q);
   const char* k0 = static_cast<const char*>(t.k);
   float* const s = t.s;
-  const std::int64_t ldq = t.ldq, lds = t.lds, ld_bytes = t.ldk * 2, row_bytes = t.H * 2;
-  const std::int64_t full = t.n / kQkGroup * kQkGroup, prefetch = t.prefetch, prefetch_end = t.prefetch_end;
+  const std::int64_t ldq = t.ldq, lds = t.lds, ld_bytes = t.ldk * 2;
+  const std::int64_t full = t.n / kQkGroup * kQkGroup;
   const __m512 scale = _mm512_set1_ps(t.scale);
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
-    prefetch_rows(k0, ld_bytes, row_bytes, j0 + prefetch, j0 + prefetch + kQkGroup, prefetch_end);
     const char* kr = k0 + j0 * ld_bytes;
     int r0 = 0;  // row blocks of 8, 4, 2, 1
     if constexpr (R >= 8) { qk_rows_block_fast<8, HC>(q, ldq, kr, ld_bytes, s + j0, lds, scale); r0 += 8; }
@@ -231,7 +220,8 @@ inline __attribute__((always_inline)) void pv_pass(float* o, std::int64_t ldo, c
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_load_ps(o + r * ldo + 16 * c);
-  for (std::int64_t j = j0; j < j1; j += 2) {
+  const word_t* pw = p + j0 / 2;  // the P words of keys (j, j + 1), row r at pw[r ldp_words]
+  for (std::int64_t j = j0; j < j1; j += 2, ++pw) {
     __m512bh w[2 * NC];  // the two rows' bf16 pairs, 16 columns each
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) {
@@ -241,7 +231,7 @@ inline __attribute__((always_inline)) void pv_pass(float* o, std::int64_t ldo, c
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(p[r * ldp_words + j / 2]));
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[r * ldp_words]));
 #pragma GCC unroll 8
       for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, w[c]);
     }
@@ -266,11 +256,10 @@ template <int R, bool kPlain>
 void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   const char* v0 = static_cast<const char*>(t.v);
   const auto* p = static_cast<const word_t*>(t.p);
-  const std::int64_t eb = elem_bytes(t.v_dtype), ld_bytes = t.ldv * eb, row_bytes = t.H * eb, ldp_words = t.ldp / 2;
+  const std::int64_t ld_bytes = t.ldv * elem_bytes(t.v_dtype), ldp_words = t.ldp / 2;
   // Up to 4 rows: 64 columns per pass (16 accumulators), so each broadcast P word feeds 4 vdpbf16ps.
   constexpr int kWide = R <= 4 ? 2 : 1;
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
-    prefetch_rows(v0, ld_bytes, row_bytes, j0 + t.prefetch, j0 + t.prefetch + kPvGroup, t.prefetch_end);
     const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
     std::int64_t h0 = 0;
     const auto load = [&](std::int64_t j, int c) {
@@ -294,11 +283,9 @@ void pv_rows_fast(const DecodePv& t) {
   const char* v0 = static_cast<const char*>(t.v);
   const auto* p = static_cast<const word_t*>(t.p);
   float* const o = t.o;
-  const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2, ld_bytes = t.ldv * 2, row_bytes = t.H * 2;
-  const std::int64_t prefetch = t.prefetch, prefetch_end = t.prefetch_end;
+  const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2, ld_bytes = t.ldv * 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
-    prefetch_rows(v0, ld_bytes, row_bytes, j0 + prefetch, j0 + prefetch + kGroup, prefetch_end);
 #pragma GCC unroll 8
     for (int c0 = 0; c0 < HC; c0 += kWide)
       pv_pass<R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup, [&](std::int64_t j, int c) {

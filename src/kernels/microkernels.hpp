@@ -66,9 +66,8 @@
 // are read straight from their source rows (any dtype, rounded to bf16 as the packers do, ld elements
 // between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
 // pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
-// of 32). `rows` is 1..kDecodeMaxRows. Each kernel
-// prefetches the source rows `prefetch` keys ahead of the one it reads, never at or beyond key
-// prefetch_end (relative to the block's key 0), so the DRAM stream runs ahead of the arithmetic.
+// of 32). `rows` is 1..kDecodeMaxRows. No software prefetch: reading the rows line after line lets
+// the hardware prefetchers run the stream (docs/performance.md, decode I).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
 //                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
 //                   order; lds >= round_up(n, 16)).
@@ -150,7 +149,6 @@ struct DecodeQk {
   std::int64_t H, Hp;
   float scale;
   int rows;  // 1..kDecodeMaxRows
-  std::int64_t prefetch, prefetch_end;
 };
 
 struct DecodePv {
@@ -166,7 +164,6 @@ struct DecodePv {
   std::int64_t H, Hp;
   const float* corr;  // [rows] rescale factors, or null
   int rows;           // 1..kDecodeMaxRows
-  std::int64_t prefetch, prefetch_end;
 };
 
 struct FlashKernels {

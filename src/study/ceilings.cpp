@@ -64,7 +64,8 @@ double read_loop_portable(const void* data, long bytes, long ahead, long* sink) 
   std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
   for (long i = 0; i < bytes / 8; i += 4) {
 #if defined(__GNUC__)
-    if (ahead > 0 && (i & 511) == 0 && i * 8 + ahead < bytes) __builtin_prefetch(p + i + ahead / 8, 0, 2);
+    if (ahead > 0 && (reinterpret_cast<std::uintptr_t>(p + i) & 4095) < 32 && i * 8 + ahead < bytes)
+      __builtin_prefetch(p + i + ahead / 8, 0, 2);
 #endif
     a0 ^= p[i], a1 ^= p[i + 1], a2 ^= p[i + 2], a3 ^= p[i + 3];
   }

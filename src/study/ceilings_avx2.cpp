@@ -1,6 +1,8 @@
 // Ceilings micro-benchmark loops for AVX2 + FMA (compiled with -mavx2 -mfma).
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "study/ceilings.hpp"
 
 namespace flashgqa::study::detail {
@@ -27,7 +29,8 @@ double read_loop_avx2(const void* data, long bytes, long ahead, long* sink) {
   const auto* c = static_cast<const char*>(data);
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (long i = 0; i < bytes / 32; i += 4) {
-    if (ahead > 0 && (i & 127) == 0 && i * 32 + ahead < bytes) _mm_prefetch(c + i * 32 + ahead, _MM_HINT_T1);
+    if (ahead > 0 && (reinterpret_cast<std::uintptr_t>(c + i * 32) & 4095) < 128 && i * 32 + ahead < bytes)
+      _mm_prefetch(c + i * 32 + ahead, _MM_HINT_T1);
     a0 = _mm256_xor_si256(a0, _mm256_load_si256(p + i));
     a1 = _mm256_xor_si256(a1, _mm256_load_si256(p + i + 1));
     a2 = _mm256_xor_si256(a2, _mm256_load_si256(p + i + 2));

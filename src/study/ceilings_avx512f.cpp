@@ -1,6 +1,8 @@
 // Ceilings micro-benchmark loops for AVX-512F (compiled with -mavx512f).
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "study/ceilings.hpp"
 
 namespace flashgqa::study::detail {
@@ -19,14 +21,15 @@ double f32_fma_loop_avx512(long iterations, float* sink) {
   return static_cast<double>(iterations) * kChains * 32.0;
 }
 
-// Streams `bytes` (a multiple of 256) through 64-byte loads; with `ahead` > 0, also touches the first
-// line of the 4 KiB page `ahead` bytes on (prefetcht1) as each page starts.
+// Streams `bytes` (a multiple of 256) through 64-byte loads; with `ahead` > 0, also prefetches
+// (prefetcht1) the line `ahead` bytes on as each 4 KiB page of the source starts.
 double read_loop_avx512(const void* data, long bytes, long ahead, long* sink) {
   const auto* p = static_cast<const __m512i*>(data);
   const auto* c = static_cast<const char*>(data);
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   for (long i = 0; i < bytes / 64; i += 4) {
-    if (ahead > 0 && (i & 63) == 0 && i * 64 + ahead < bytes) _mm_prefetch(c + i * 64 + ahead, _MM_HINT_T1);
+    if (ahead > 0 && (reinterpret_cast<std::uintptr_t>(c + i * 64) & 4095) < 256 && i * 64 + ahead < bytes)
+      _mm_prefetch(c + i * 64 + ahead, _MM_HINT_T1);  // once per page, as a page starts
     a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
     a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 1));
     a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 2));
