@@ -17,9 +17,10 @@
 //   decode_pv_rows: two V rows are interleaved into bf16 pairs along keys (vpermt2w) and each row's
 //     broadcast P word (the same two keys) is accumulated with vdpbf16ps into the row's accumulators,
 //     loaded from and stored back to O (L1) once per group of keys. The fast path (as above, groups of
-//     8 KiB of V) covers whole rows in one pass when the accumulators fit (R <= 8 / (H / 32)), else
-//     64 columns per pass (32 when R > 4); the generic path goes 64 or 32 columns per pass over groups
-//     of 32 keys. Both accumulate each O element's keys in increasing order: the same bits.
+//     8 KiB of V) reads whole rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32)) or
+//     two at H <= 128 when half the rows' do, else goes 64 columns per pass (32 when R > 4); the
+//     generic path goes 64 or 32 columns per pass over groups of 32 keys. Both accumulate each O
+//     element's keys in increasing order: the same bits.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -270,14 +271,30 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   }
 }
 
+// Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
+// the group's V rows whole, in address order (the second from L1).
+template <int R, int RP, int HC>
+inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
+                                                        std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
+                                                        const char* v0, std::int64_t ld_bytes) {
+  constexpr int kRows = R < RP ? R : RP;
+  pv_pass<kRows, HC>(o, ldo, p, ldp_words, j0, j1,
+                     [&](std::int64_t j, int c) { return _mm512_loadu_si512(v0 + j * ld_bytes + 64 * c); });
+  if constexpr (R > RP) pv_row_passes<R - RP, RP, HC>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0, ld_bytes);
+}
+
 // The fast path for bf16 rows with H = Hp = 32 HC: groups of kPvFastGroupBytes of V whose keys are all
-// present, then the generic path for the rest. When the R rows' accumulators over a whole row fit
-// 16 registers (R <= 8 / HC), one pass reads each V row whole, in address order; otherwise the
-// columns go in passes of 64 (32 when R > 4) over the group, the group's later passes from L1.
-// Same sums in the same order as pv_pass, so the same bits.
+// present, then the generic path for the rest. Where the accumulators of RP = 8 / HC rows over whole
+// rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128), the group goes in
+// one or two passes over whole V rows, each read in address order (two passes: +3-5% at G = 3, 4 and
+// H = 128, -3% at H = 256); otherwise the columns go in passes of 64 (32 when R > 4) over the group,
+// the later passes from L1. Same sums in the same order as the generic path, so the
+// same bits.
 template <int R, int HC>
 void pv_rows_fast(const DecodePv& t) {
-  constexpr int kWide = R * HC <= 8 ? HC : R <= 4 ? 2 : 1;  // 32-column chunks per pass
+  constexpr int kRowsPerPass = 8 / HC;
+  constexpr bool kWholeRows = R <= kRowsPerPass || (R <= 2 * kRowsPerPass && HC <= 4);
+  constexpr int kWide = R <= 4 ? 2 : 1;  // 32-column chunks per column pass
   constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC);
   static_assert(HC % kWide == 0 && kGroup % 2 == 0);
   const char* v0 = static_cast<const char*>(t.v);
@@ -286,11 +303,15 @@ void pv_rows_fast(const DecodePv& t) {
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2, ld_bytes = t.ldv * 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+    if constexpr (kWholeRows) {
+      pv_row_passes<R, kRowsPerPass, HC>(o, ldo, p, ldp_words, j0, j0 + kGroup, v0, ld_bytes);
+    } else {
 #pragma GCC unroll 8
-    for (int c0 = 0; c0 < HC; c0 += kWide)
-      pv_pass<R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup, [&](std::int64_t j, int c) {
-        return _mm512_loadu_si512(v0 + j * ld_bytes + 64 * (c0 + c));
-      });
+      for (int c0 = 0; c0 < HC; c0 += kWide)
+        pv_pass<R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup, [&](std::int64_t j, int c) {
+          return _mm512_loadu_si512(v0 + j * ld_bytes + 64 * (c0 + c));
+        });
+    }
   }
   pv_rows<R, true>(t, full);
 }
