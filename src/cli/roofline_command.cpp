@@ -18,7 +18,8 @@ const std::vector<FlagSpec> kFlags = {{"shape"}, {"threads"}, {"remeasure", fals
 constexpr const char* kHelp =
     "flashgqa roofline [--shape B,K,G,T,S,H] [--threads N] [--remeasure]\n"
     "  Measures this machine's ceilings (bf16 matmul and fp32 FMA peaks, DRAM and L2 read bandwidth;\n"
-    "  medians of repeated runs with their spread), cached per CPU model and thread count in the\n"
+    "  medians of repeated runs with their spread; DRAM: the better of a plain streaming loop and one\n"
+    "  that also prefetches each 4 KiB page ahead), cached per CPU model and thread count in the\n"
     "  user's cache folder, and applies the seed's roofline model to the shape.\n"
     "\n"
     "  --shape B,K,G,T,S,H  the shape (default 1,8,4,4096,4096,128)\n"
