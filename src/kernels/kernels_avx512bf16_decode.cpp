@@ -288,8 +288,7 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
 // rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128), the group goes in
 // one or two passes over whole V rows, each read in address order (two passes: +3-5% at G = 3, 4 and
 // H = 128, -3% at H = 256); otherwise the columns go in passes of 64 (32 when R > 4) over the group,
-// the later passes from L1. Same sums in the same order as the generic path, so the
-// same bits.
+// the later passes from L1. Same sums in the same order as the generic path, so the same bits.
 template <int R, int HC>
 void pv_rows_fast(const DecodePv& t) {
   constexpr int kRowsPerPass = 8 / HC;
