@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "flash/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/microkernels.hpp"
 #include "peak.hpp"
@@ -127,7 +127,7 @@ struct KernelBench {
   }
   bool softmax(std::int64_t r0) {
     return k.softmax_tile({s.as<float>(), npad, p.data(), npad, m.as<float>() + r0, l.as<float>() + r0,
-                           corr.as<float>(), nullptr, npad, k.mr, true});
+                           corr.as<float>(), nullptr, nullptr, npad, k.mr, true});
   }
   void pv(std::int64_t r0, bool moved) {
     for (std::int64_t c = 0; c < Hp; c += kHTile)

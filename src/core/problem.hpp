@@ -10,6 +10,17 @@
 
 namespace flashgqa {
 
+// A half-open range of keys [begin, end); empty when end <= begin.
+struct KeyRange {
+  std::int64_t begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+  std::int64_t size() const { return end > begin ? end - begin : 0; }
+  // This range within [lo, hi), as offsets from `base` (for masking one block of keys).
+  KeyRange clamp_to(std::int64_t lo, std::int64_t hi, std::int64_t base) const {
+    return {std::clamp(begin, lo, hi) - base, std::clamp(end, lo, hi) - base};
+  }
+};
+
 struct Problem {
   std::int64_t B = 0, K = 0, G = 0, T = 0, S = 0, H = 0;
 
@@ -62,14 +73,22 @@ struct Problem {
     return lse + b * lse_stride[0] + kh * lse_stride[1] + g * lse_stride[2] + t * lse_stride[3];
   }
 
-  // Number of keys query t may see: keys [0, visible_keys(t)).
-  std::int64_t visible_keys(std::int64_t t) const {
-    if (!causal) return S;
-    return std::clamp<std::int64_t>(t + causal_offset + 1, 0, S);
+  // The keys query t may see, [begin, end) within [0, S). begin and end never decrease as t grows:
+  // every mask is built that way (causal fills end, a window would fill begin too), and tile and block
+  // skipping rely on it (the first query of a block sees the first keys, the last one the last keys).
+  KeyRange visible_keys(std::int64_t t) const {
+    if (!causal) return {0, S};
+    return {0, std::clamp<std::int64_t>(t + causal_offset + 1, 0, S)};
   }
-  // Whether key block [s0, ...) is fully masked for every query in [t0, t1).
-  bool kv_block_masked(std::int64_t s0, std::int64_t t1) const {
-    return causal && t1 > 0 && s0 >= visible_keys(t1 - 1);
+  // The keys some query in [t0, t1) may see (t0 < t1): from the first query's begin to the last one's end.
+  KeyRange visible_keys(std::int64_t t0, std::int64_t t1) const {
+    return {visible_keys(t0).begin, visible_keys(t1 - 1).end};
+  }
+  // (query, key) pairs over all T queries of one head: the work a FLOP count should follow.
+  std::int64_t visible_pairs() const {
+    std::int64_t n = 0;
+    for (std::int64_t t = 0; t < T; ++t) n += visible_keys(t).size();
+    return n;
   }
 };
 

@@ -51,8 +51,12 @@ TEST(Problem, DefaultsResolve) {
   EXPECT_EQ(p.H, 64);
   EXPECT_FLOAT_EQ(p.scale, 0.125f);
   EXPECT_EQ(p.causal_offset, 2);  // S - T: bottom-right
-  EXPECT_EQ(p.visible_keys(0), 3);
-  EXPECT_EQ(p.visible_keys(4), 7);
+  EXPECT_EQ(p.visible_keys(0).end, 3);
+  EXPECT_EQ(p.visible_keys(0).begin, 0);
+  EXPECT_EQ(p.visible_keys(4).end, 7);
+  EXPECT_EQ(p.visible_keys(2, 5).begin, 0);
+  EXPECT_EQ(p.visible_keys(2, 5).end, 7);
+  EXPECT_EQ(p.visible_pairs(), 3 + 4 + 5 + 6 + 7);
   EXPECT_GE(p.threads, 1);
   EXPECT_EQ(p.precision, Precision::bf16);
 }

@@ -9,8 +9,6 @@
 namespace flashgqa {
 namespace {
 
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-
 // "32K", "1024K", "1M" -> bytes; 0 when unreadable.
 std::int64_t read_sysfs_size(const std::string& path) {
   std::ifstream f(path);

@@ -16,9 +16,9 @@
 namespace flashgqa {
 
 // Tasks in groups: for each group g in order, first prepare(g, i) for i < prepare_count(g) (work the
-// group's tasks share, such as packing their K/V; spread over the threads), then task(i, workspace,
-// tmp) for the group's tasks [group_first[g], group_first[g + 1]); after all groups, merge(i, tmp) for
-// i < nmerges. At most `threads` threads; tmp holds H floats of per-thread scratch.
+// group's tasks share, such as packing their K/V; spread over the threads), then task(i, workspace)
+// for the group's tasks [group_first[g], group_first[g + 1]); after all groups, merge(i, acc) for
+// i < nmerges. At most `threads` threads; acc holds H floats of per-thread scratch.
 template <typename MakeWorkspace, typename PrepareCount, typename Prepare, typename Task, typename Merge>
 void run_grouped_tasks_then_merges(int threads, std::int64_t H, const std::vector<std::int64_t>& group_first,
                                    PrepareCount prepare_count, Prepare prepare, MakeWorkspace make_workspace,
@@ -30,7 +30,7 @@ void run_grouped_tasks_then_merges(int threads, std::int64_t H, const std::vecto
   std::vector<Workspace> spaces;
   spaces.reserve(static_cast<std::size_t>(nthreads));
   for (int i = 0; i < nthreads; ++i) spaces.push_back(make_workspace());
-  std::vector<std::vector<float>> tmps(static_cast<std::size_t>(nthreads), std::vector<float>(static_cast<std::size_t>(H)));
+  std::vector<std::vector<float>> accs(static_cast<std::size_t>(nthreads), std::vector<float>(static_cast<std::size_t>(H)));
 #pragma omp parallel num_threads(nthreads)
   {
 #ifdef _OPENMP
@@ -45,10 +45,10 @@ void run_grouped_tasks_then_merges(int threads, std::int64_t H, const std::vecto
       const std::int64_t first = group_first[static_cast<std::size_t>(g)],
                          last = group_first[static_cast<std::size_t>(g + 1)];
 #pragma omp for schedule(dynamic, 1)
-      for (std::int64_t i = first; i < last; ++i) task(i, spaces[id], tmps[id]);
+      for (std::int64_t i = first; i < last; ++i) task(i, spaces[id]);
     }
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < nmerges; ++i) merge(i, tmps[id]);
+    for (std::int64_t i = 0; i < nmerges; ++i) merge(i, accs[id].data());
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/exp_poly.hpp"
@@ -18,6 +19,11 @@ namespace {
 
 inline __mmask16 first_lanes16(std::int64_t n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+}
+
+// Lanes i with lo <= i < hi (of 16).
+inline __mmask16 lanes16(std::int64_t lo, std::int64_t hi) {
+  return static_cast<__mmask16>(first_lanes16(hi) & ~first_lanes16(lo));
 }
 
 // 16 values src[h0 .. h0+16) as fp32, lanes at or beyond H zero.
@@ -120,7 +126,6 @@ inline const void* key_row(const PackSource& s, std::int64_t j) {
   return static_cast<const char*>(s.src) + j * s.ld * esize;
 }
 
-inline std::int64_t padded_keys(std::int64_t n) { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
 
 // corr[r] = exp(m_old[r] - m_use[r]) for r < rows (<= 16), vectorised; returns whether any != 1.
 inline bool rescale_factors(float* corr, const float* m_old, const float* m_use, int rows) {
@@ -140,12 +145,12 @@ bool softmax_rows(const SoftmaxTile& t, WriteP write_p) {
   const __m512 log2e = _mm512_set1_ps(exp_poly::kLog2e);
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * t.lds;
-    const std::int64_t lim = kMasked ? t.limit[r] : t.n;
-    // Running max over the unmasked keys.
+    const std::int64_t lo = kMasked ? t.lo[r] : 0, hi = kMasked ? t.hi[r] : t.n;
+    // Running max over the unmasked keys [lo, hi).
     __m512 mx = _mm512_set1_ps(-__builtin_inff());
-    for (std::int64_t j = 0; j < lim; j += 16) {
+    for (std::int64_t j = lo / 16 * 16; j < hi; j += 16) {
       if (kMasked)
-        mx = _mm512_mask_max_ps(mx, first_lanes16(lim - j), mx, _mm512_load_ps(s + j));
+        mx = _mm512_mask_max_ps(mx, lanes16(lo - j, hi - j), mx, _mm512_load_ps(s + j));
       else
         mx = _mm512_max_ps(mx, _mm512_load_ps(s + j));
     }
@@ -154,16 +159,19 @@ bool softmax_rows(const SoftmaxTile& t, WriteP write_p) {
     const float mn = m_old[r] > mb ? m_old[r] : mb;
     t.m[r] = mn;
     m_use[r] = mn == -__builtin_inff() ? 0.0f : mn;
-    // P = exp(s - m) = 2^(s log2e - m log2e); masked keys exactly 0; the sum before rounding.
+    // P = exp(s - m) = 2^(s log2e - m log2e); masked keys exactly 0; the sum before rounding. Panels
+    // wholly outside [lo, hi) are written as zeros without reading S.
     const __m512 neg_m = _mm512_set1_ps(-m_use[r] * exp_poly::kLog2e);
     __m512 sum = _mm512_setzero_ps();
-    const std::int64_t jend = kMasked ? (lim + 31) / 32 * 32 : t.n;
-    for (std::int64_t j = 0; j < jend; j += 32) {
+    const std::int64_t jbegin = kMasked ? std::min(lo / 32 * 32, t.n) : 0;
+    const std::int64_t jend = kMasked ? std::max((hi + 31) / 32 * 32, jbegin) : t.n;
+    for (std::int64_t j = 0; j < jbegin; j += 32) write_p(r, j, _mm512_setzero_ps(), _mm512_setzero_ps());
+    for (std::int64_t j = jbegin; j < jend; j += 32) {
       __m512 e0 = exp2_poly(_mm512_fmadd_ps(_mm512_load_ps(s + j), log2e, neg_m));
       __m512 e1 = exp2_poly(_mm512_fmadd_ps(_mm512_load_ps(s + j + 16), log2e, neg_m));
       if (kMasked) {
-        e0 = _mm512_maskz_mov_ps(first_lanes16(lim - j), e0);
-        e1 = _mm512_maskz_mov_ps(first_lanes16(lim - j - 16), e1);
+        e0 = _mm512_maskz_mov_ps(lanes16(lo - j, hi - j), e0);
+        e1 = _mm512_maskz_mov_ps(lanes16(lo - j - 16, hi - j - 16), e1);
       }
       sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
       write_p(r, j, e0, e1);

@@ -121,6 +121,11 @@ __m256 lanes_below(std::int64_t j0, std::int64_t lim) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(clamped)), idx));
 }
 
+// All-ones lanes for keys j0 + i in [lo, hi), of 8.
+__m256 lanes_in(std::int64_t j0, std::int64_t lo, std::int64_t hi) {
+  return _mm256_andnot_ps(lanes_below(j0, lo), lanes_below(j0, hi));
+}
+
 // acc[r][0..1] += sum_{i<n} a[r][i] * b[i][c0 .. c0+16), b rows of 32.
 template <int R>
 inline void dot_rows_half(__m256 (&acc)[R][2], const float* a, std::int64_t lda, const float* b,
@@ -193,11 +198,12 @@ bool softmax_tile(const SoftmaxTile& t) {
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * t.lds;
     float* p = static_cast<float*>(t.p) + r * t.ldp;
-    const std::int64_t lim = t.limit ? t.limit[r] : t.n;
+    const std::int64_t lo = t.lo ? t.lo[r] : 0, hi = t.lo ? t.hi[r] : t.n;
+    // Running max over the unmasked keys [lo, hi).
     __m256 mx = _mm256_set1_ps(neg_inf);
-    for (std::int64_t j = 0; j < lim; j += 8) {
+    for (std::int64_t j = lo / 8 * 8; j < hi; j += 8) {
       __m256 x = _mm256_load_ps(s + j);
-      if (j + 8 > lim) x = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), x, lanes_below(j, lim));
+      if (j < lo || j + 8 > hi) x = _mm256_blendv_ps(_mm256_set1_ps(neg_inf), x, lanes_in(j, lo, hi));
       mx = _mm256_max_ps(mx, x);
     }
     const float mb = hmax(mx);
@@ -209,9 +215,9 @@ bool softmax_tile(const SoftmaxTile& t) {
     __m256 sum = _mm256_setzero_ps();
     for (std::int64_t j = 0; j < t.n; j += 8) {
       __m256 e = _mm256_setzero_ps();
-      if (j < lim) {
+      if (j + 8 > lo && j < hi) {
         e = exp2_poly(_mm256_fmadd_ps(_mm256_load_ps(s + j), log2e, neg_m));
-        if (j + 8 > lim) e = _mm256_and_ps(e, lanes_below(j, lim));
+        if (j < lo || j + 8 > hi) e = _mm256_and_ps(e, lanes_in(j, lo, hi));
         sum = _mm256_add_ps(sum, e);
         if (t.round_p) e = round_bf16(e);
       }
@@ -237,7 +243,6 @@ const void* key_row(const PackSource& s, std::int64_t j) {
   return static_cast<const char*>(s.src) + j * s.ld * esize;
 }
 
-std::int64_t padded_keys(std::int64_t n) { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
 
 void pack_q_row(void* dst, const PackSource& s) {
   auto* d = static_cast<float*>(dst);

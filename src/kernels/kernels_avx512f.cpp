@@ -86,7 +86,7 @@ bool softmax_tile(const SoftmaxTile& t) {
     _mm512_store_ps(p, e0);
     _mm512_store_ps(p + 16, e1);
   };
-  return t.limit ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+  return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
 }
 
 void pack_q_row(void* dst, const PackSource& s) {

@@ -76,19 +76,22 @@ bool softmax_tile(const SoftmaxTile& t) {
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * t.lds;
     float* p = static_cast<float*>(t.p) + r * t.ldp;
-    const std::int64_t lim = t.limit ? t.limit[r] : t.n;
+    const std::int64_t lo = t.lo ? t.lo[r] : 0, hi = t.lo ? t.hi[r] : t.n;
     float mx = kNegInf;
-    for (std::int64_t j = 0; j < lim; ++j) mx = s[j] > mx ? s[j] : mx;  // NaN skipped; exp poisons
+    for (std::int64_t j = lo; j < hi; ++j) mx = s[j] > mx ? s[j] : mx;  // NaN skipped; exp poisons
     const float m_old = t.m[r];
     const float m_new = m_old > mx ? m_old : mx;
     const float m_use = m_new == kNegInf ? 0.0f : m_new;
     float sum = 0.0f;
-    for (std::int64_t j = 0; j < lim; ++j) {
+    for (std::int64_t j = 0; j < t.n; ++j) {
+      if (j < lo || j >= hi) {
+        p[j] = 0.0f;
+        continue;
+      }
       const float e = exp2_poly((s[j] - m_use) * exp_poly::kLog2e);
       sum += e;
       p[j] = t.round_p ? round_to_bf16(e) : e;
     }
-    for (std::int64_t j = lim; j < t.n; ++j) p[j] = 0.0f;
     const float corr = exp2_poly((m_old - m_use) * exp_poly::kLog2e);
     t.l[r] = t.l[r] * corr + sum;
     t.corr[r] = corr;
@@ -112,7 +115,6 @@ void pack_q_row(void* dst, const PackSource& s) {
   for (std::int64_t h = 0; h < s.Hp; ++h) d[h] = h < s.H ? operand(s.src, s, h) : 0.0f;
 }
 
-std::int64_t padded_keys(std::int64_t n) { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
 
 // Panels [Hp][32] one after another.
 void pack_k(void* dst, const PackSource& s) {

@@ -41,8 +41,10 @@
 //   qk_tile:      S[r][0..32) = scale * sum_{h<Hp} Q[r][h] K[j][h]       (overwrites; fp32 accumulate)
 //   pv_tile:      O[r][0..32) = O[r][0..32) * corr[r] + sum_{j<nkeys} P[r][j] V[j][c]
 //                 (corr null: no rescale; nkeys even, <= npad; accumulate into O)
-//   softmax_tile: for each row r, over the keys j < n of the S tile, keys j >= limit[r] masked (limit
-//                 null: none masked). m_new = max(m[r], max_j S[r][j]);
+//   softmax_tile: for each row r, over the keys j < n of the S tile, the keys outside [lo[r], hi[r])
+//                 masked (0 <= lo[r], hi[r] <= n; lo[r] >= hi[r] masks the whole row; lo and hi both
+//                 null: none masked). Masked entries of S are never read as values (the policy may
+//                 leave them unwritten). m_new = max(m[r], max_j S[r][j]) over the unmasked j;
 //                 P[r][j] = exp(S[r][j] - m_new) for unmasked j, exactly 0 for masked j;
 //                 l[r] = l[r] * corr[r] + sum_j P[r][j] (summed in fp32 before rounding P);
 //                 corr[r] = exp(m[r] - m_new), m[r] = m_new. A row whose m_new is -inf uses 0 in place
@@ -79,6 +81,7 @@
 
 #include <cstdint>
 
+#include "core/int_math.hpp"
 #include "flashgqa/flashgqa.hpp"
 #include "kernels/cpu_features.hpp"
 
@@ -86,6 +89,8 @@ namespace flashgqa {
 
 constexpr int kPanelKeys = 32;  // keys per K panel (qk_tile's NR); KV blocks are padded to a multiple
 constexpr int kHTile = 32;      // columns per V panel (pv_tile's NR); H is padded to a multiple
+// npad: a KV block of n keys as packed (zero padded to whole panels).
+constexpr std::int64_t padded_keys(std::int64_t n) { return round_up(n, kPanelKeys); }
 // The bound exp_n and softmax_tile's exp meet (tested in microkernels_test.cpp).
 constexpr double kExpMaxRelError = 2.5e-7;
 
@@ -119,7 +124,8 @@ struct SoftmaxTile {
   float* m;                   // [rows] running max, in/out
   float* l;                   // [rows] running denominator, in/out
   float* corr;                // [rows] out
-  const std::int32_t* limit;  // [rows] keys >= limit[r] are masked, or null
+  const std::int32_t* lo;     // [rows] keys j < lo[r] are masked, or null (with hi)
+  const std::int32_t* hi;     // [rows] keys j >= hi[r] are masked, or null (with lo)
   std::int64_t n;             // keys in the tile, a multiple of kPanelKeys
   int rows;                   // 1..mr
   bool round_p;               // fp32 family: round P to bf16 (Precision::bf16)

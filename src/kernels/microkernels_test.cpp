@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "flash/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 
 namespace flashgqa {
 namespace {
@@ -20,7 +20,6 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 struct KernelCase {
   Isa isa;
@@ -170,8 +169,8 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
   }
 }
 
-// The softmax against the contract, in float64: running max and sum from a previous state, masked
-// keys exactly 0, P rounded to bf16 under Precision::bf16, corr, and the "any moved" result.
+// The softmax against the contract, in float64: running max and sum from a previous state, keys
+// outside each row's [lo, hi) exactly 0 (lo > 0, hi < n, empty ranges, NaN in masked S), P rounded to bf16 under Precision::bf16, corr, and the "any moved" result.
 TEST(Microkernels, SoftmaxTileMatchesScalarModel) {
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 3.0f);
@@ -181,40 +180,43 @@ TEST(Microkernels, SoftmaxTileMatchesScalarModel) {
     AlignedBuffer s(static_cast<std::size_t>(k.mr * n * 4)), p(static_cast<std::size_t>(k.mr * n * ob));
     for (bool masked : {false, true}) {
       std::vector<float> m(static_cast<std::size_t>(k.mr)), l(m.size()), corr(m.size());
-      std::vector<std::int32_t> limit(m.size());
+      std::vector<std::int32_t> lo(m.size()), hi(m.size());
       for (int r = 0; r < k.mr; ++r) {
         for (std::int64_t j = 0; j < n; ++j) s.as<float>()[r * n + j] = dist(rng);
         s.as<float>()[r * n + n - 1] = r == 1 ? kNaN : s.as<float>()[r * n + n - 1];  // masked away below
+        const auto ri = static_cast<std::size_t>(r);
+        lo[ri] = static_cast<std::int32_t>(masked ? (r * 13) % 50 : 0);
+        hi[ri] = static_cast<std::int32_t>(masked ? (r * 37) % (n - 1) : n);  // row 0: empty, some lo > hi
+        if (masked && lo[ri] > 0) s.as<float>()[r * n + lo[ri] - 1] = kNaN;  // just before the range
         m[static_cast<std::size_t>(r)] = r % 3 == 0 ? -kInf : r % 3 == 1 ? 20.0f : 0.5f;
         l[static_cast<std::size_t>(r)] = r % 3 == 0 ? 0.0f : 3.0f;
-        limit[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(masked ? (r * 37) % (n - 1) : n);
       }
       const std::vector<float> m0 = m, l0 = l;
       const bool moved =
           k.softmax_tile({s.as<float>(), n, p.data(), n, m.data(), l.data(), corr.data(),
-                          masked ? limit.data() : nullptr, n, k.mr, kc.precision == Precision::bf16});
+                          masked ? lo.data() : nullptr, masked ? hi.data() : nullptr, n, k.mr, kc.precision == Precision::bf16});
       bool any_moved = false;
       for (int r = 0; r < k.mr; ++r) {
         const auto ri = static_cast<std::size_t>(r);
-        const std::int64_t lim = limit[ri];
+        const std::int64_t jlo = lo[ri], jhi = hi[ri];
         if (!masked && r == 1) {  // the NaN key is visible: l is NaN
           EXPECT_TRUE(std::isnan(l[ri])) << name(kc);
           any_moved = true;
           continue;
         }
         double mx = m0[ri];
-        for (std::int64_t j = 0; j < lim; ++j) mx = std::max<double>(mx, s.as<float>()[r * n + j]);
+        for (std::int64_t j = jlo; j < jhi; ++j) mx = std::max<double>(mx, s.as<float>()[r * n + j]);
         EXPECT_EQ(m[ri], static_cast<float>(mx)) << name(kc) << " r " << r;
         const double base = std::isinf(mx) ? 0.0 : mx;
         const double c = std::exp(static_cast<double>(m0[ri]) - base);
         double sum = l0[ri] * c;
         double max_arg = 0.0;  // largest |argument| of an exp in this row
         for (std::int64_t j = 0; j < n; ++j) {
-          const double e = j < lim ? std::exp(s.as<float>()[r * n + j] - base) : 0.0;
+          const double e = j >= jlo && j < jhi ? std::exp(s.as<float>()[r * n + j] - base) : 0.0;
           sum += e;
           const double got =
               ob == 2 ? bf16_bits_to_float(p.as<std::uint16_t>()[r * n + j]) : p.as<float>()[r * n + j];
-          if (j >= lim) {
+          if (j < jlo || j >= jhi) {
             ASSERT_EQ(got, 0.0) << name(kc) << " masked key r " << r << " j " << j;
             continue;
           }

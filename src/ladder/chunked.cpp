@@ -19,18 +19,19 @@ void chunked_attention(const Problem& p) {
   QRows Q;
   KvBlock kv;
   PRows P;
-  P.reserve(tm, M, tm.pad_keys(bkv));
+  P.reserve(tm, M, padded_keys(bkv));
   AccRows O;
   std::vector<float> denom(static_cast<std::size_t>(M)), m_run(denom.size());
-  AlignedBuffer L(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));  // one chunk of logits
+  AlignedBuffer L(static_cast<std::size_t>(M * padded_keys(bkv)) * sizeof(float));  // one chunk of logits
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       pack_q_block(Q, tm, p, b, kh, 0, p.T);
       O.assign_zero(M, tm.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
       std::fill(m_run.begin(), m_run.end(), -std::numeric_limits<float>::infinity());
-      for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
-        if (p.kv_block_masked(s0, p.T)) break;  // this chunk and all later ones are masked
+      // The chunks that hold a key some query sees.
+      const KeyRange keys = p.visible_keys(0, p.T);
+      for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
         pack_kv_block(kv, tm, p, b, kh, s0, n);
         const std::int64_t ldl = kv.npad;
@@ -54,7 +55,7 @@ void chunked_attention(const Problem& p) {
       }
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t m = 0; m < M; ++m)
-        write_output_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp),
+        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp),
                          m_run[static_cast<std::size_t>(m)], denom[static_cast<std::size_t>(m)]);
     }
 }

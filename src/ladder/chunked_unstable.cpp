@@ -17,17 +17,18 @@ void chunked_unstable_attention(const Problem& p) {
   QRows Q;
   KvBlock kv;
   PRows P;
-  P.reserve(tm, M, tm.pad_keys(bkv));
+  P.reserve(tm, M, padded_keys(bkv));
   AccRows O;
   std::vector<float> denom(static_cast<std::size_t>(M));
-  AlignedBuffer W(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));  // one chunk of weights
+  AlignedBuffer W(static_cast<std::size_t>(M * padded_keys(bkv)) * sizeof(float));  // one chunk of weights
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       pack_q_block(Q, tm, p, b, kh, 0, p.T);
       O.assign_zero(M, tm.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
-      for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
-        if (p.kv_block_masked(s0, p.T)) break;  // this chunk and all later ones are masked
+      // The chunks that hold a key some query sees.
+      const KeyRange keys = p.visible_keys(0, p.T);
+      for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
         pack_kv_block(kv, tm, p, b, kh, s0, n);
         const std::int64_t ldw = kv.npad;
@@ -52,9 +53,8 @@ void chunked_unstable_attention(const Problem& p) {
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t m = 0; m < M; ++m) {
         const float d = denom[static_cast<std::size_t>(m)];
-        const bool sees_none = p.visible_keys(m % p.T) == 0;
-        // lse = log(denom) since no max was subtracted; a row with no key gets 0 and -inf.
-        write_output_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp), 0.0f, sees_none ? 0.0f : d);
+        // lse = log(denom) since no max was subtracted; a row with no key (d = 0) gets 0 and -inf.
+        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp), 0.0f, d);
       }
     }
 }

@@ -53,12 +53,13 @@ void kernel1_attention(const Problem& p) {
   KvBlock kv;
   // Each thread's tile buffers, allocated here so an allocation failure reaches the caller.
   std::vector<Tile> tiles(static_cast<std::size_t>(p.threads));
-  for (Tile& w : tiles) w.reserve(tm, p.G * bq, tm.pad_keys(bkv));
+  for (Tile& w : tiles) w.reserve(tm, p.G * bq, padded_keys(bkv));
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       Carries in(p.G * p.T, Hp), out(p.G * p.T, Hp);
-      for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
-        if (p.kv_block_masked(s0, p.T)) break;  // this block and all later ones are masked
+      // The chunks that hold a key some query sees.
+      const KeyRange keys = p.visible_keys(0, p.T);
+      for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
         pack_kv_block(kv, tm, p, b, kh, s0, n);
         const std::int64_t ldl = kv.npad;
@@ -104,7 +105,7 @@ void kernel1_attention(const Problem& p) {
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t r = 0; r < p.G * p.T; ++r) {
         const auto c = static_cast<std::size_t>(r);
-        write_output_row(p, b, kh, r / p.T, r % p.T, in.o.data() + c * static_cast<std::size_t>(Hp),
+        finish_row(p, b, kh, r / p.T, r % p.T, in.o.data() + c * static_cast<std::size_t>(Hp),
                          in.m[c], in.denom[c]);
       }
     }

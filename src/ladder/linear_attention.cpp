@@ -17,15 +17,16 @@ void linear_attention_chunked(const Problem& p) {
   QRows Q;
   KvBlock kv;
   PRows P;
-  P.reserve(tm, M, tm.pad_keys(bkv));
+  P.reserve(tm, M, padded_keys(bkv));
   AccRows O;
-  AlignedBuffer W(static_cast<std::size_t>(M * tm.pad_keys(bkv)) * sizeof(float));
+  AlignedBuffer W(static_cast<std::size_t>(M * padded_keys(bkv)) * sizeof(float));
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       pack_q_block(Q, tm, p, b, kh, 0, p.T);
       O.assign_zero(M, tm.Hp);
-      for (std::int64_t s0 = 0; s0 < p.S; s0 += bkv) {
-        if (p.kv_block_masked(s0, p.T)) break;
+      // The chunks that hold a key some query sees.
+      const KeyRange keys = p.visible_keys(0, p.T);
+      for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
         pack_kv_block(kv, tm, p, b, kh, s0, n);
         const std::int64_t ldw = kv.npad;
@@ -35,9 +36,10 @@ void linear_attention_chunked(const Problem& p) {
           float* w = W.as<float>();
           qk_logits(w, ldw, tm, Q, r0, r1, kv, p.scale);  // w = scale q kᵀ
           for (std::int64_t m = r0; m < r1; ++m) {
-            const std::int64_t visible = p.visible_keys(m % p.T) - s0;
+            const KeyRange keys = p.visible_keys(m % p.T).clamp_to(s0, s0 + n, s0);
             float* row = w + m * ldw;
-            for (std::int64_t j = 0; j < n; ++j) row[j] = j < visible ? round_weight(row[j], p.precision) : 0.0f;
+            for (std::int64_t j = 0; j < n; ++j)
+              row[j] = j >= keys.begin && j < keys.end ? round_weight(row[j], p.precision) : 0.0f;
           }
           pack_p_rows(P, tm, w, ldw, r0, r1, n);
           pv_accumulate(O.ptr(), tm, P, r0, r1, kv);  // o += w v

@@ -23,7 +23,7 @@ void naive_attention(const Problem& p) {
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
       if (p.S > 0) pack_kv_block(kv, tm, p, b, kh, 0, p.S);
-      const std::int64_t ldl = tm.pad_keys(p.S);
+      const std::int64_t ldl = padded_keys(p.S);
       L.reset(static_cast<std::size_t>(p.T * std::max<std::int64_t>(ldl, 1)) * sizeof(float));
       P.reserve(tm, p.T, ldl);
       float* l_all = L.as<float>();
@@ -65,7 +65,7 @@ void naive_attention(const Problem& p) {
           for (std::int64_t t = r0; t < r1; ++t) {
             // O is already normalised: write it with a denominator of 1 (0 for a row with no key).
             const float sum = denom[static_cast<std::size_t>(t)];
-            write_output_row(p, b, kh, g, t, O.row(t, tm.Hp), base[static_cast<std::size_t>(t)] + std::log(sum),
+            finish_row(p, b, kh, g, t, O.row(t, tm.Hp), base[static_cast<std::size_t>(t)] + std::log(sum),
                              sum == 0.0f ? 0.0f : 1.0f);
           }
         }

@@ -57,7 +57,7 @@ void pack_q_head(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t 
 void pack_kv_block(KvBlock& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
                    std::int64_t s0, std::int64_t n) {
   dst.n = n;
-  dst.npad = tm.pad_keys(n);
+  dst.npad = padded_keys(n);
   const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(dst.npad, kPanelKeys) * tm.Hp * tm.operand_bytes);
   if (dst.k.bytes() < bytes) dst.k.reset(bytes), dst.v.reset(bytes);
   PackSource k = row_source(tm, p.k_row(b, kh, s0), p.k_dtype);
@@ -132,11 +132,12 @@ void pv_accumulate(float* O, const TileMath& tm, const PRows& P, std::int64_t r0
 
 void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
                  std::int64_t rows, std::int64_t s0, std::int64_t N) {
-  if (!p.causal) return;
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   for (std::int64_t m = 0; m < M; ++m) {
-    const std::int64_t visible = p.visible_keys(t0 + m % rows);
-    for (std::int64_t n = std::max<std::int64_t>(visible - s0, 0); n < N; ++n) L[m * ldl + n] = kMinusInf;
+    // Keys [s0 + begin, s0 + end) of the block are visible; the rest of [0, N) is masked.
+    const KeyRange keys = p.visible_keys(t0 + m % rows).clamp_to(s0, s0 + N, s0);
+    std::fill(L + m * ldl, L + m * ldl + keys.begin, kMinusInf);
+    std::fill(L + m * ldl + keys.end, L + m * ldl + N, kMinusInf);
   }
 }
 
@@ -163,19 +164,6 @@ float online_softmax_update(const TileMath& tm, float* p, const float* l, std::i
   l_sum = l_sum * corr + sum;
   m = m_new;
   return corr;
-}
-
-void write_output_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g,
-                      std::int64_t t, float* acc, float m, float l_sum) {
-  if (l_sum == 0.0f) {  // no visible key
-    for (std::int64_t h = 0; h < p.H; ++h) acc[h] = 0.0f;
-    if (p.lse) *p.lse_at(b, kh, g, t) = -std::numeric_limits<float>::infinity();
-  } else {
-    const float inv = 1.0f / l_sum;
-    for (std::int64_t h = 0; h < p.H; ++h) acc[h] *= inv;
-    if (p.lse) *p.lse_at(b, kh, g, t) = m + std::log(l_sum);
-  }
-  store_row(p.out_row(b, kh, g, t), p.out_dtype, acc, p.H);
 }
 
 }  // namespace flashgqa

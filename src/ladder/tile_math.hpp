@@ -10,8 +10,9 @@
 
 #include <cstdint>
 
+#include "core/finish_rows.hpp"
 #include "core/problem.hpp"
-#include "flash/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
@@ -23,7 +24,6 @@ struct TileMath {
   std::int64_t H, Hp;          // Hp: H padded to the kernels' column tile
   std::int64_t operand_bytes;  // 2 (bf16 pairs) or 4 (fp32)
   bool round_bf16;             // Precision::bf16
-  std::int64_t pad_keys(std::int64_t n) const { return (n + kPanelKeys - 1) / kPanelKeys * kPanelKeys; }
 };
 
 // fp32 accumulator rows [M][Hp], 64-byte aligned as the kernels require, zeroed.
@@ -71,8 +71,8 @@ void pack_p_rows(PRows& dst, const TileMath& tm, const float* W, std::int64_t ld
 void pv_accumulate(float* O, const TileMath& tm, const PRows& P, std::int64_t r0, std::int64_t r1,
                    const KvBlock& kv);
 
-// Sets L[m, n] = -inf (m < M, row stride ldl) where key s0 + n is masked for row m's query
-// t0 + m % rows (the block row order above; rows = M for a single head).
+// Sets L[m, n] = -inf (m < M, n < N, row stride ldl) where key s0 + n is not among the keys that row m's
+// query t0 + m % rows may see (the block row order above; rows = M for a single head).
 void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
                  std::int64_t rows, std::int64_t s0, std::int64_t N);
 
@@ -90,11 +90,6 @@ inline void exp_row(const TileMath& tm, float* dst, const float* src, std::int64
 // be multiplied. A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
 float online_softmax_update(const TileMath& tm, float* p, const float* l, std::int64_t n, float& m,
                             float& l_sum, Precision precision);
-
-// Writes out row = acc / l_sum in out's dtype and lse = m + log(l_sum) (if p.lse). A row that saw no
-// key (l_sum == 0) gets 0 and -inf.
-void write_output_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g,
-                      std::int64_t t, float* acc, float m, float l_sum);
 
 // The requested block size, or `automatic` for 0, never longer than `extent` (the keys or queries it
 // cuts; a longer block would only cost memory) and at least 1.

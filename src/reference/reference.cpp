@@ -59,14 +59,15 @@ ReferenceResult allocate(const Problem& p) {
   return r;
 }
 
-// Logits l_j = scale * q.k_j and a_j = |scale| sum_h |q_h k_jh| for the n visible keys.
-void logits(const Problem& p, const HeadOperands& ops, std::int64_t n, std::vector<double>& l,
+// Logits l_i = scale * q.k_j and a_i = |scale| sum_h |q_h k_jh| for the visible keys j = keys.begin + i.
+void logits(const Problem& p, const HeadOperands& ops, KeyRange keys, std::vector<double>& l,
             std::vector<double>& a) {
+  const std::int64_t n = keys.size();
   l.assign(static_cast<std::size_t>(n), 0.0);
   a.assign(static_cast<std::size_t>(n), 0.0);
   const double scale = p.scale;
   for (std::int64_t j = 0; j < n; ++j) {
-    const double* k = ops.k_row(j, p.H);
+    const double* k = ops.k_row(keys.begin + j, p.H);
     double dot = 0.0, abs_dot = 0.0;
     for (std::int64_t h = 0; h < p.H; ++h) {
       const double prod = ops.q[static_cast<std::size_t>(h)] * k[h];
@@ -84,14 +85,14 @@ double max_of(const std::vector<double>& x) {
   return m;
 }
 
-// out = sum_j w_j v_j, with the magnitudes sum_j |w_j v_j| and sqrt(sum_j (w_j v_j)^2).
-void weighted_sum(const Problem& p, ReferenceResult& r, const HeadOperands& ops, std::int64_t row,
+// out = sum_i w_i v_j (j = keys.begin + i), with the magnitudes sum |w_i v_j| and sqrt(sum (w_i v_j)^2).
+void weighted_sum(const Problem& p, ReferenceResult& r, const HeadOperands& ops, std::int64_t row, KeyRange keys,
                   const std::vector<double>& w) {
   const auto base = static_cast<std::size_t>(row * p.H);
   for (std::int64_t h = 0; h < p.H; ++h) {
     double acc = 0.0, abs_acc = 0.0, sq_acc = 0.0;
     for (std::size_t j = 0; j < w.size(); ++j) {
-      const double term = w[j] * ops.v_row(static_cast<std::int64_t>(j), p.H)[h];
+      const double term = w[j] * ops.v_row(keys.begin + static_cast<std::int64_t>(j), p.H)[h];
       acc += term;
       abs_acc += std::fabs(term);
       sq_acc += term * term;
@@ -110,9 +111,9 @@ ReferenceResult reference_attention(const Problem& p) {
                -std::numeric_limits<double>::infinity());
   std::vector<double> l, a;
   for_each_query(p, r, [&](const HeadOperands& ops, std::int64_t t, std::int64_t row) {
-    const std::int64_t n = p.visible_keys(t);
-    if (n == 0) return;  // sees no key: output 0, lse -inf
-    logits(p, ops, n, l, a);
+    const KeyRange keys = p.visible_keys(t);
+    if (keys.empty()) return;  // sees no key: output 0, lse -inf
+    logits(p, ops, keys, l, a);
     r.abs_logit[static_cast<std::size_t>(row)] = max_of(a);
     // Pass 1: the max (a NaN logit is skipped here and poisons pass 2).
     double m = -std::numeric_limits<double>::infinity();
@@ -125,7 +126,7 @@ ReferenceResult reference_attention(const Problem& p) {
     // Pass 3: the normalised weights.
     for (double& x : l) x = std::exp(x - base) / sum;
     r.lse[static_cast<std::size_t>(row)] = base + std::log(sum);
-    weighted_sum(p, r, ops, row, l);
+    weighted_sum(p, r, ops, row, keys, l);
   });
   return r;
 }
@@ -135,15 +136,15 @@ ReferenceResult reference_linear_attention(const Problem& p) {
   r.abs_av.assign(r.out.size(), 0.0);
   std::vector<double> l, a;
   for_each_query(p, r, [&](const HeadOperands& ops, std::int64_t t, std::int64_t row) {
-    const std::int64_t n = p.visible_keys(t);
-    if (n == 0) return;
-    logits(p, ops, n, l, a);
+    const KeyRange keys = p.visible_keys(t);
+    if (keys.empty()) return;
+    logits(p, ops, keys, l, a);
     r.abs_logit[static_cast<std::size_t>(row)] = max_of(a);
-    weighted_sum(p, r, ops, row, l);
+    weighted_sum(p, r, ops, row, keys, l);
     for (std::int64_t h = 0; h < p.H; ++h) {
       double acc = 0.0;
-      for (std::int64_t j = 0; j < n; ++j)
-        acc += a[static_cast<std::size_t>(j)] * std::fabs(ops.v_row(j, p.H)[h]);
+      for (std::int64_t j = 0; j < keys.size(); ++j)
+        acc += a[static_cast<std::size_t>(j)] * std::fabs(ops.v_row(keys.begin + j, p.H)[h]);
       r.abs_av[static_cast<std::size_t>(row * p.H + h)] = acc;
     }
   });

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <vector>
 
-#include "flash/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 #include "flashgqa/flashgqa.hpp"
 #include "kernels/cpu_features.hpp"
 #include "study/tune_cache.hpp"

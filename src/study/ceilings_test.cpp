@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "flash/aligned_buffer.hpp"
+#include "core/aligned_buffer.hpp"
 #include "kernels/cpu_features.hpp"
 
 namespace flashgqa::study {

@@ -1,4 +1,4 @@
-#include "flash/finish_rows.hpp"
+#include "core/finish_rows.hpp"
 
 #include <cmath>
 #include <limits>
@@ -7,17 +7,17 @@
 
 namespace flashgqa {
 
-void write_flash_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-                     const float* o, float m, float l, float* tmp) {
-  const bool empty = p.visible_keys(t) == 0;
-  for (std::int64_t h = 0; h < p.H; ++h) tmp[h] = empty ? 0.0f : o[h] / l;
-  store_row(p.out_row(b, kh, g, t), p.out_dtype, tmp, p.H);
+void finish_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t, float* acc,
+                float m, float l) {
+  const bool empty = l == 0.0f;
+  for (std::int64_t h = 0; h < p.H; ++h) acc[h] = empty ? 0.0f : acc[h] / l;
+  store_row(p.out_row(b, kh, g, t), p.out_dtype, acc, p.H);
   if (p.lse) *p.lse_at(b, kh, g, t) = empty ? -std::numeric_limits<float>::infinity() : m + std::log(l);
 }
 
-void merge_flash_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
-                     std::int64_t count, const float* m, const float* l, std::int64_t ml_stride,
-                     const float* o, std::int64_t o_stride, float* acc, float* tmp) {
+void merge_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t,
+               std::int64_t count, const float* m, const float* l, std::int64_t ml_stride, const float* o,
+               std::int64_t o_stride, float* acc) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float m_max = kNegInf;
   for (std::int64_t i = 0; i < count; ++i) {
@@ -33,7 +33,7 @@ void merge_flash_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int
     const float* oi = o + i * o_stride;
     for (std::int64_t h = 0; h < p.H; ++h) acc[h] += oi[h] * f;
   }
-  write_flash_row(p, b, kh, g, t, acc, m_max, l_sum, tmp);
+  finish_row(p, b, kh, g, t, acc, m_max, l_sum);
 }
 
 }  // namespace flashgqa
