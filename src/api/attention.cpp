@@ -11,13 +11,7 @@ namespace {
 void run(Problem p, Algorithm algorithm) {
   if (p.B * p.K * p.G * p.T == 0) return;  // nothing to write
   if (algorithm == Algorithm::flash) study::apply_tuned_blocks(p, isa_name(active_isa()));
-  switch (algorithm) {
-    case Algorithm::naive: return naive_attention(p);
-    case Algorithm::chunked_unstable: return chunked_unstable_attention(p);
-    case Algorithm::chunked: return chunked_attention(p);
-    case Algorithm::kernel1: return kernel1_attention(p);
-    case Algorithm::flash: return flash_attention(p);
-  }
+  run_algorithm(p, algorithm);
 }
 
 }  // namespace

@@ -45,6 +45,10 @@ struct Problem {
   float scale = 1.0f;
   bool causal = false;
   std::int64_t causal_offset = 0;  // query t sees key j iff j <= t + causal_offset (when causal)
+  // A sliding window (FlashAttention's window_size; -1 = unbounded on that side): query t sees key j iff
+  // t + causal_offset - window_left <= j <= t + causal_offset + window_right; causal sets the right side
+  // to 0. Built by tests only so far (Options has no window yet); the offsets must keep t +- them in range.
+  std::int64_t window_left = -1, window_right = -1;
   Precision precision = Precision::bf16;
   std::int64_t block_q = 0;   // 0 = automatic
   std::int64_t block_kv = 0;  // 0 = automatic
@@ -77,8 +81,9 @@ struct Problem {
   // every mask is built that way (causal fills end, a window would fill begin too), and tile and block
   // skipping rely on it (the first query of a block sees the first keys, the last one the last keys).
   KeyRange visible_keys(std::int64_t t) const {
-    if (!causal) return {0, S};
-    return {0, std::clamp<std::int64_t>(t + causal_offset + 1, 0, S)};
+    const std::int64_t right = causal ? 0 : window_right;
+    return {window_left < 0 ? 0 : std::clamp<std::int64_t>(t + causal_offset - window_left, 0, S),
+            right < 0 ? S : std::clamp<std::int64_t>(t + causal_offset + right + 1, 0, S)};
   }
   // The keys some query in [t0, t1) may see (t0 < t1): from the first query's begin to the last one's end.
   KeyRange visible_keys(std::int64_t t0, std::int64_t t1) const {

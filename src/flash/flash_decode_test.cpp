@@ -116,6 +116,29 @@ TEST_P(FlashDecode, FastKernelsGiveTheGenericBits) {
       }
 }
 
+// Windows in decode (G*T <= 8 rows): a key range that starts inside the cache, splits starting inside
+// a block, rows of different positions with different ranges; the same bits on 1 and 2 threads.
+TEST_P(FlashDecode, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
+  int seed = 300;
+  for (const Shape& shape : {Shape{1, 1, 4, 1, 1000, 128}, Shape{1, 2, 2, 3, 777, 64}, Shape{2, 1, 8, 1, 300, 256}})
+    for (const testing::WindowCase& w : testing::kWindowCases)
+      for (std::int64_t bkv : {0, 45}) {
+        Options o;
+        o.block_kv = bkv;
+        std::vector<float> one, two;
+        o.threads = 1;
+        AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+        ASSERT_TRUE(flash_decode_applies(flash_problem(c, o), kernels_for(isa(), Precision::bf16)) ||
+                    kernels_for(isa(), Precision::bf16).decode_qk_rows == nullptr);
+        const ErrorReport r = testing::run_flash_window_and_check(c, o, w, isa(), &one);
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << testing::to_string(w) << " block_kv " << bkv
+                          << ": " << r.describe();
+        o.threads = 2;
+        testing::run_flash_window_and_check(c, o, w, isa(), &two);
+        EXPECT_TRUE(bitwise_equal(one, two)) << testing::to_string(shape) << " " << testing::to_string(w);
+      }
+}
+
 TEST_P(FlashDecode, BlocksThatDivideNothing) {
   int seed = 50;
   for (std::int64_t bkv : {1, 13, 45, 64, 5000})

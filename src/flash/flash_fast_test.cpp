@@ -97,6 +97,29 @@ TEST_P(FlashFast, CausalAtSeveralOffsets) {
       }
 }
 
+// Windows: blocks skipped below and above each tile's keys, rows masked on both sides, KV splits (B.K
+// = 1, 2) starting inside a block; the same bits on 1 and 2 threads.
+TEST_P(FlashFast, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
+  int seed = 900;
+  for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 70, 150, 80}, Shape{1, 1, 3, 100, 260, 128}})
+    for (const testing::WindowCase& w : testing::kWindowCases)
+      for (const auto& [bq, bkv] : {std::pair<std::int64_t, std::int64_t>{8, 32}, {5, 13}, {0, 0}}) {
+        Options o;
+        o.block_q = bq;
+        o.block_kv = bkv;
+        o.precision = (bq + w.left) % 2 ? Precision::f32 : Precision::bf16;
+        std::vector<float> one, two;
+        o.threads = 1;
+        AttentionCase c = make_case(shape, DType::bf16, DType::f32, Layout::contiguous, ++seed);
+        const ErrorReport r = testing::run_flash_window_and_check(c, o, w, isa(), &one);
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << testing::to_string(w) << " blocks " << bq << "/"
+                          << bkv << ": " << r.describe();
+        o.threads = 2;
+        testing::run_flash_window_and_check(c, o, w, isa(), &two);
+        EXPECT_TRUE(bitwise_equal(one, two)) << testing::to_string(shape) << " " << testing::to_string(w);
+      }
+}
+
 TEST_P(FlashFast, DefaultBlocksOnALongerSequence) {
   for (bool causal : {false, true}) {
     Options o;

@@ -3,6 +3,8 @@
 // its output and lse for bitwise comparisons.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/problem.hpp"
@@ -32,6 +34,36 @@ inline std::vector<float> run_flash_values(const Shape& shape, const Options& o,
   AttentionCase c = make_case(shape, dtype, DType::f32, layout, 17);
   flash_attention_fast(flash_problem(c, o), isa);
   return c.out_and_lse_values();
+}
+
+// Sliding windows (Problem::window_left, window_right; -1 unbounded) that cut blocks at both ends, with
+// and without causal, at several offsets: the key-range masks' lower side in every path.
+struct WindowCase {
+  std::int64_t left, right;
+  bool causal;
+  std::optional<std::int64_t> offset;
+};
+inline const WindowCase kWindowCases[] = {
+    {5, 3, false, {}},  {0, 0, false, {}}, {40, -1, false, {}}, {-1, 7, false, 0}, {17, -1, true, {}},
+    {3, 9, true, -5},   {1, 0, true, 20},  {60, 60, false, -30}, {1000, 2, false, {}},
+};
+
+// Runs the fast path with window w and compares with the reference; `values` gets out then lse.
+inline ErrorReport run_flash_window_and_check(AttentionCase& c, Options o, const WindowCase& w, Isa isa,
+                                              std::vector<float>* values = nullptr) {
+  o.causal = w.causal;
+  o.causal_offset = w.offset;
+  Problem p = flash_problem(c, o);
+  p.window_left = w.left;
+  p.window_right = w.right;
+  flash_attention_fast(p, isa);
+  if (values) *values = c.out_and_lse_values();
+  return check_against_reference(p, reference_attention(p));
+}
+
+inline std::string to_string(const WindowCase& w) {
+  return "window (" + std::to_string(w.left) + ", " + std::to_string(w.right) + ")" + (w.causal ? " causal" : "") +
+         " offset " + (w.offset ? std::to_string(*w.offset) : "default");
 }
 
 }  // namespace flashgqa::testing

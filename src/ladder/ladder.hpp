@@ -13,6 +13,9 @@ void kernel1_attention(const Problem& p);           // kernel1.cpp
 void flash_attention(const Problem& p);             // flash.cpp
 void linear_attention_chunked(const Problem& p);    // linear_attention.cpp
 
+// The rung `algorithm` on p (ladder.cpp): the one dispatch the API and the tests share.
+void run_algorithm(const Problem& p, Algorithm algorithm);
+
 // Default KV chunk of the chunked rungs and kernel1: the seed's bkv.
 inline constexpr std::int64_t kSeedBlockKV = 1024;
 

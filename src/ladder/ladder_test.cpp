@@ -9,6 +9,7 @@
 
 #include "core/problem.hpp"
 #include "kernels/cpu_features.hpp"
+#include "ladder/ladder.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "testing/attention_case.hpp"
@@ -128,6 +129,32 @@ TEST_P(Ladder, CausalAtSeveralOffsets) {
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset "
                           << (offset ? std::to_string(*offset) : "default") << ": " << r.describe();
       }
+}
+
+// Sliding windows (Problem::window_left/right, set on the Problem: Options has no window yet): every
+// rung masks both sides of each query's key range.
+TEST_P(Ladder, WindowsMatchReference) {
+  int seed = 600;
+  struct Window {
+    std::int64_t left, right;
+    bool causal;
+  };
+  for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 40, 90, 80}})
+    for (const Window& w : {Window{5, 3, false}, Window{0, 0, false}, Window{40, -1, false}, Window{-1, 7, false},
+                            Window{17, -1, true}, Window{1000, 2, false}}) {
+      Options o = options();
+      o.causal = w.causal;
+      o.block_q = takes_block_q() ? 8 : 0;
+      o.block_kv = takes_block_kv() ? 16 : 0;
+      AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
+      Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
+      p.window_left = w.left;
+      p.window_right = w.right;
+      run_algorithm(p, GetParam());
+      const ErrorReport r = check_against_reference(p, reference_attention(p));
+      EXPECT_TRUE(r.ok) << testing::to_string(shape) << " window (" << w.left << ", " << w.right << ")"
+                        << (w.causal ? " causal: " : ": ") << r.describe();
+    }
 }
 
 TEST_P(Ladder, StridedLayoutsGiveTheContiguousResult) {
