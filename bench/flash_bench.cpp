@@ -96,7 +96,7 @@ void register_end_to_end() {
 
 // --- Kernels ------------------------------------------------------------------------------------------
 
-// One KV block (npad keys) against M rows of one task, as flash_fast.cpp runs it, with the packed
+// One KV block (npad keys) against M rows of one task, as flash_packed.cpp runs it, with the packed
 // block in L2 and the tiles in L1: what the kernels reach before packing, threads and memory.
 struct KernelBench {
   const FlashKernels& k;

@@ -1,7 +1,7 @@
 // Design (what moves where, and why):
 //
 // A decode task is (b, kv head, KV split): all M = G*T <= kDecodeMaxRows query rows of the kv head
-// (row r = t*G + g, as in flash_fast.cpp) against one contiguous range of keys. The task packs its Q
+// (row r = t*G + g, as in flash_packed.cpp) against one contiguous range of keys. The task packs its Q
 // rows once (bf16, H padded to Hp) and walks its keys in blocks of bkv:
 //   1. S = scale Q K^T: decode_qk_rows reads the block's K rows in address order from their source
 //      (no packed copy);
@@ -91,17 +91,18 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
       lo[r] = static_cast<std::int32_t>(keys.begin);
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
-    const std::int64_t nk = hi[M - 1];
-    if (nk <= lo[0]) continue;  // no row sees a key of this block
-    // S = scale Q K^T over the first nk keys.
+    const std::int64_t keys_seen = hi[M - 1];
+    if (keys_seen <= lo[0]) continue;  // no row sees a key of this block
+    // S = scale Q K^T over the first keys_seen keys.
     kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
-                         nk, p.H, Hp, p.scale, static_cast<int>(M)});
+                         keys_seen, p.H, Hp, p.scale, static_cast<int>(M)});
     // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
     const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(), lo,
-                                          hi, padded_keys(nk), static_cast<int>(M), true});
+                                          hi, padded_keys(keys_seen), static_cast<int>(M), true});
     // O = O corr + P V (the rescale only when some row's max moved).
-    kern.decode_pv_rows({o, Hp, w.p.data(), w.ld, p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2], nk,
-                         round_up(nk, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr, static_cast<int>(M)});
+    kern.decode_pv_rows({o, Hp, w.p.data(), w.ld, p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2],
+                         keys_seen, round_up(keys_seen, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr,
+                         static_cast<int>(M)});
   }
   finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
 }

@@ -2,7 +2,7 @@
 // (G*T <= kDecodeMaxRows: one or a few new tokens against a long KV cache). Such a problem reads every
 // K/V byte once and does ~G FLOPs per byte, so it is bound by the DRAM stream; this path reads K and V
 // rows straight from their source in address order (no packed copy) through the kernel set's decode
-// kernels (kernels/microkernels.hpp). flash_attention_fast dispatches here when it applies.
+// kernels (kernels/microkernels.hpp). flash_attention dispatches here when it applies.
 #pragma once
 
 #include "core/problem.hpp"

@@ -1,4 +1,4 @@
-// The decode path (few query rows per kv head: T = 1 or 2) through flash_attention_fast on every
+// The decode path (few query rows per kv head: T = 1 or 2) through flash_attention on every
 // instruction set this machine supports, against the float64 reference (reference/tolerance.hpp):
 // head sizes with and without padding, key counts that no block divides, causal offsets, the FA layout,
 // every input dtype and both precisions, bitwise identity across thread counts, NaN and empty rows.
@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "core/dtype.hpp"
-#include "flash/flash_fast.hpp"
+#include "flash/flash_packed.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "flash/flash_testing.hpp"
@@ -81,7 +81,7 @@ TEST_P(FlashDecode, IsTakenWithSplits) {
   EXPECT_GT(flash_max_kv_splits(p, isa()), 1);
   AttentionCase wide = make_case(Shape{1, 1, 8, 2, 30, 64}, DType::bf16, DType::bf16, Layout::contiguous, 3);
   EXPECT_FALSE(flash_decode_applies(flash_problem(wide, o), k));  // 16 rows: the packed path
-  flash_attention_fast(p, isa());
+  flash_attention(p, isa());
   const ErrorReport r = check_against_reference(p, reference_attention(p));
   EXPECT_TRUE(r.ok) << r.describe();
 }
@@ -110,7 +110,7 @@ TEST_P(FlashDecode, FastKernelsGiveTheGenericBits) {
         }
         const ErrorReport r = run_flash_and_check(fast, o, isa());
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << (causal ? " causal: " : ": ") << r.describe();
-        flash_attention_fast(flash_problem(generic, o), isa());
+        flash_attention(flash_problem(generic, o), isa());
         EXPECT_TRUE(bitwise_equal(fast.out_and_lse_values(), generic.out_and_lse_values()))
             << testing::to_string(shape) << (causal ? " causal" : "");
       }
@@ -190,7 +190,7 @@ TEST_P(FlashDecode, EmptyRowsGiveZeroAndMinusInfinity) {
   Options o;
   o.causal = true;
   o.causal_offset = -1;
-  flash_attention_fast(flash_problem(c, o), isa());
+  flash_attention(flash_problem(c, o), isa());
   for (std::int64_t kh = 0; kh < 2; ++kh)
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_EQ(c.lse_at(0, kh, g, 0), -std::numeric_limits<float>::infinity());
@@ -201,7 +201,7 @@ TEST_P(FlashDecode, EmptyRowsGiveZeroAndMinusInfinity) {
       }
     }
   AttentionCase none = make_case(Shape{1, 1, 4, 1, 0, 128}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  flash_attention_fast(flash_problem(none, Options{}), isa());
+  flash_attention(flash_problem(none, Options{}), isa());
   for (float x : none.out_values()) ASSERT_EQ(x, 0.0f);
 }
 
@@ -212,7 +212,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
     c.set_q(0, 0, 2, 0, 5, kNaN);
-    flash_attention_fast(flash_problem(c, o), isa());
+    flash_attention(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_EQ(std::isnan(c.out_at(0, 0, g, 0, 0)), g == 2) << "g " << g;
       EXPECT_EQ(std::isnan(c.lse_at(0, 0, g, 0)), g == 2) << "g " << g;
@@ -221,7 +221,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
     c.set_v(0, 0, 2001, 7, kNaN);
-    flash_attention_fast(flash_problem(c, o), isa());
+    flash_attention(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 4; ++g) {
       EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 0, 7))) << "g " << g;
       EXPECT_FALSE(std::isnan(c.out_at(0, 0, g, 0, 6))) << "g " << g;
@@ -233,7 +233,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
     Options causal = o;
     causal.causal = true;
     causal.causal_offset = 2998;
-    flash_attention_fast(flash_problem(c, causal), isa());
+    flash_attention(flash_problem(c, causal), isa());
     for (std::int64_t g = 0; g < 2; ++g) EXPECT_TRUE(std::isnan(c.out_at(0, 0, g, 1, 0))) << "g " << g;
   }
 }

@@ -1,4 +1,4 @@
-// Helpers shared by the fast flash path's tests (flash_fast_test.cpp, flash_decode_test.cpp): run the
+// Helpers shared by the fast flash path's tests (flash_packed_test.cpp, flash_decode_test.cpp): run the
 // path on a test case on a chosen instruction set, check it against the float64 reference, or collect
 // its output and lse for bitwise comparisons.
 #pragma once
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/problem.hpp"
-#include "flash/flash_fast.hpp"
+#include "flash/flash_packed.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "testing/attention_case.hpp"
@@ -24,7 +24,7 @@ inline Problem flash_problem(AttentionCase& c, const Options& o, bool with_lse =
 // Runs the fast path on `isa` and compares out and lse with the reference.
 inline ErrorReport run_flash_and_check(AttentionCase& c, const Options& o, Isa isa) {
   const Problem p = flash_problem(c, o);
-  flash_attention_fast(p, isa);
+  flash_attention(p, isa);
   return check_against_reference(p, reference_attention(p));
 }
 
@@ -32,7 +32,7 @@ inline ErrorReport run_flash_and_check(AttentionCase& c, const Options& o, Isa i
 inline std::vector<float> run_flash_values(const Shape& shape, const Options& o, Isa isa,
                                            DType dtype = DType::bf16, Layout layout = Layout::contiguous) {
   AttentionCase c = make_case(shape, dtype, DType::f32, layout, 17);
-  flash_attention_fast(flash_problem(c, o), isa);
+  flash_attention(flash_problem(c, o), isa);
   return c.out_and_lse_values();
 }
 
@@ -56,7 +56,7 @@ inline ErrorReport run_flash_window_and_check(AttentionCase& c, Options o, const
   Problem p = flash_problem(c, o);
   p.window_left = w.left;
   p.window_right = w.right;
-  flash_attention_fast(p, isa);
+  flash_attention(p, isa);
   if (values) *values = c.out_and_lse_values();
   return check_against_reference(p, reference_attention(p));
 }

@@ -1,4 +1,4 @@
-// The work of one flash call as tasks, for the packed path (flash_fast.cpp) and the decode path
+// The work of one flash call as tasks, for the packed path (flash_packed.cpp) and the decode path
 // (flash_decode.cpp) alike: the split planner, the row order, and a task's end.
 //
 // A task is (b, kv head, q block [, KV split]). A q block is bq query positions of all G heads of one

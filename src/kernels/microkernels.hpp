@@ -1,7 +1,7 @@
 // The micro-kernels of the fast flash path and their contract. One set per instruction set, each in its
 // own translation unit with its own compiler flags (kernels_<isa>.cpp); kernels_for() below is the one
 // place that chooses between them. Blocking, threading, masking and packing policy live in portable C++
-// (src/flash/flash_fast.cpp); the kernels only touch the small tiles described here.
+// (src/flash/flash_packed.cpp); the kernels only touch the small tiles described here.
 //
 // ---------------------------------------------------------------------------------------------------
 // Contract
@@ -197,7 +197,7 @@ const FlashKernels& portable_kernels();
 const FlashKernels& avx2_kernels();
 const FlashKernels& avx512f_kernels();
 const FlashKernels& avx512bf16_kernels();
-// The avx512bf16 set's decode kernels (kernels_avx512bf16_decode.cpp).
+// The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp).
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
 

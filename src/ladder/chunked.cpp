@@ -8,54 +8,54 @@
 #include <vector>
 
 #include "ladder/ladder.hpp"
-#include "ladder/tile_math.hpp"
+#include "ladder/rung_kernels.hpp"
 
 namespace flashgqa {
 
 void chunked_attention(const Problem& p) {
-  const TileMath tm(p);
-  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S), mr = tm.kern->mr;
+  const RungKernels kernels(p);
+  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S), mr = kernels.kern->mr;
   const std::int64_t M = p.G * p.T;  // every query row of one kv head
   QRows Q;
   KvBlock kv;
   PRows P;
-  P.reserve(tm, M, padded_keys(bkv));
+  P.reserve(kernels, M, padded_keys(bkv));
   AccRows O;
   std::vector<float> denom(static_cast<std::size_t>(M)), m_run(denom.size());
   AlignedBuffer L(static_cast<std::size_t>(M * padded_keys(bkv)) * sizeof(float));  // one chunk of logits
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      pack_q_block(Q, tm, p, b, kh, 0, p.T);
-      O.assign_zero(M, tm.Hp);
+      pack_q_block(Q, kernels, p, b, kh, 0, p.T);
+      O.assign_zero(M, kernels.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
       std::fill(m_run.begin(), m_run.end(), -std::numeric_limits<float>::infinity());
       // The chunks that hold a key some query sees.
       const KeyRange keys = p.visible_keys(0, p.T);
       for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
-        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        pack_kv_block(kv, kernels, p, b, kh, s0, n);
         const std::int64_t ldl = kv.npad;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
         for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
           const std::int64_t r1 = std::min(r0 + mr, M);
           float* lb = L.as<float>();
-          qk_logits(lb, ldl, tm, Q, r0, r1, kv, p.scale);  // logits of the chunk
+          qk_logits(lb, ldl, kernels, Q, r0, r1, kv, p.scale);  // logits of the chunk
           for (std::int64_t m = r0; m < r1; ++m) {
             float* l = lb + m * ldl;
-            float* o = O.row(m, tm.Hp);
+            float* o = O.row(m, kernels.Hp);
             mask_logits(l, ldl, p, 1, m % p.T, 1, s0, n);  // row m is query m % T
             // Running max, weights exp(l - m_new) (in place), denominator rescaled by exp(m_old - m_new).
-            const float corr = online_softmax_update(tm, l, l, n, m_run[static_cast<std::size_t>(m)],
+            const float corr = online_softmax_update(kernels, l, l, n, m_run[static_cast<std::size_t>(m)],
                                                      denom[static_cast<std::size_t>(m)], p.precision);
-            for (std::int64_t h = 0; h < tm.Hp; ++h) o[h] *= corr;  // numerator rescaled the same way
+            for (std::int64_t h = 0; h < kernels.Hp; ++h) o[h] *= corr;  // numerator rescaled the same way
           }
-          pack_p_rows(P, tm, lb, ldl, r0, r1, n);
-          pv_accumulate(O.ptr(), tm, P, r0, r1, kv);  // o += w v
+          pack_p_rows(P, kernels, lb, ldl, r0, r1, n);
+          pv_accumulate(O.ptr(), kernels, P, r0, r1, kv);  // o += w v
         }
       }
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t m = 0; m < M; ++m)
-        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp),
+        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, kernels.Hp),
                          m_run[static_cast<std::size_t>(m)], denom[static_cast<std::size_t>(m)]);
     }
 }

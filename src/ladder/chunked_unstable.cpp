@@ -6,55 +6,55 @@
 #include <vector>
 
 #include "ladder/ladder.hpp"
-#include "ladder/tile_math.hpp"
+#include "ladder/rung_kernels.hpp"
 
 namespace flashgqa {
 
 void chunked_unstable_attention(const Problem& p) {
-  const TileMath tm(p);
-  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S), mr = tm.kern->mr;
+  const RungKernels kernels(p);
+  const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S), mr = kernels.kern->mr;
   const std::int64_t M = p.G * p.T;  // every query row of one kv head
   QRows Q;
   KvBlock kv;
   PRows P;
-  P.reserve(tm, M, padded_keys(bkv));
+  P.reserve(kernels, M, padded_keys(bkv));
   AccRows O;
   std::vector<float> denom(static_cast<std::size_t>(M));
   AlignedBuffer W(static_cast<std::size_t>(M * padded_keys(bkv)) * sizeof(float));  // one chunk of weights
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      pack_q_block(Q, tm, p, b, kh, 0, p.T);
-      O.assign_zero(M, tm.Hp);
+      pack_q_block(Q, kernels, p, b, kh, 0, p.T);
+      O.assign_zero(M, kernels.Hp);
       std::fill(denom.begin(), denom.end(), 0.0f);
       // The chunks that hold a key some query sees.
       const KeyRange keys = p.visible_keys(0, p.T);
       for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
         const std::int64_t n = std::min(bkv, p.S - s0);
-        pack_kv_block(kv, tm, p, b, kh, s0, n);
+        pack_kv_block(kv, kernels, p, b, kh, s0, n);
         const std::int64_t ldw = kv.npad;
 #pragma omp parallel for num_threads(p.threads) schedule(static)
         for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
           const std::int64_t r1 = std::min(r0 + mr, M);
           float* w = W.as<float>();
-          qk_logits(w, ldw, tm, Q, r0, r1, kv, p.scale);
+          qk_logits(w, ldw, kernels, Q, r0, r1, kv, p.scale);
           for (std::int64_t m = r0; m < r1; ++m) {
             float* row = w + m * ldw;
             mask_logits(row, ldw, p, 1, m % p.T, 1, s0, n);  // row m is query m % T
-            exp_row(tm, row, row, n);  // no max subtracted: overflows for large logits
+            exp_row(kernels, row, row, n);  // no max subtracted: overflows for large logits
             float sum = 0.0f;
             for (std::int64_t j = 0; j < n; ++j) sum += row[j];
             denom[static_cast<std::size_t>(m)] += sum;
             for (std::int64_t j = 0; j < n; ++j) row[j] = round_weight(row[j], p.precision);
           }
-          pack_p_rows(P, tm, w, ldw, r0, r1, n);
-          pv_accumulate(O.ptr(), tm, P, r0, r1, kv);
+          pack_p_rows(P, kernels, w, ldw, r0, r1, n);
+          pv_accumulate(O.ptr(), kernels, P, r0, r1, kv);
         }
       }
 #pragma omp parallel for num_threads(p.threads) schedule(static)
       for (std::int64_t m = 0; m < M; ++m) {
         const float d = denom[static_cast<std::size_t>(m)];
         // lse = log(denom) since no max was subtracted; a row with no key (d = 0) gets 0 and -inf.
-        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, tm.Hp), 0.0f, d);
+        finish_row(p, b, kh, m / p.T, m % p.T, O.row(m, kernels.Hp), 0.0f, d);
       }
     }
 }

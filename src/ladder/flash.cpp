@@ -5,14 +5,14 @@
 // blocks past the causal diagonal of the block's last query are skipped. Per KV block a task moves
 // 2·block_kv·H operand values and does 4·G·block_q·block_kv·H FLOPs: intensity grows with G·block_q.
 //
-// The rung is implemented once, by the fast path in src/flash/flash_fast.cpp: operands packed into the
+// The rung is implemented once, by the fast path in src/flash/flash_packed.cpp: operands packed into the
 // layouts of the per-ISA micro-kernels (src/kernels), the softmax fused per register tile, the
 // instruction set chosen at run time (the portable kernels are its Isa::portable path).
-#include "flash/flash_fast.hpp"
+#include "flash/flash_packed.hpp"
 #include "ladder/ladder.hpp"
 
 namespace flashgqa {
 
-void flash_attention(const Problem& p) { flash_attention_fast(p); }
+void flash_attention(const Problem& p) { flash_attention(p, active_isa()); }
 
 }  // namespace flashgqa

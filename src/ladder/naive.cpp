@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "ladder/ladder.hpp"
-#include "ladder/tile_math.hpp"
+#include "ladder/rung_kernels.hpp"
 
 namespace flashgqa {
 
 void naive_attention(const Problem& p) {
-  const TileMath tm(p);
-  const std::int64_t mr = tm.kern->mr;
+  const RungKernels kernels(p);
+  const std::int64_t mr = kernels.kern->mr;
   KvBlock kv;  // all S keys of one kv head
   QRows Q;
   PRows P;
@@ -22,19 +22,19 @@ void naive_attention(const Problem& p) {
   AlignedBuffer L;  // the materialised logits [T, Spad]
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh) {
-      if (p.S > 0) pack_kv_block(kv, tm, p, b, kh, 0, p.S);
+      if (p.S > 0) pack_kv_block(kv, kernels, p, b, kh, 0, p.S);
       const std::int64_t ldl = padded_keys(p.S);
       L.reset(static_cast<std::size_t>(p.T * std::max<std::int64_t>(ldl, 1)) * sizeof(float));
-      P.reserve(tm, p.T, ldl);
+      P.reserve(kernels, p.T, ldl);
       float* l_all = L.as<float>();
       for (std::int64_t g = 0; g < p.G; ++g) {
-        pack_q_head(Q, tm, p, b, kh, g);
-        O.assign_zero(p.T, tm.Hp);
+        pack_q_head(Q, kernels, p, b, kh, g);
+        O.assign_zero(p.T, kernels.Hp);
         // Row tiles are independent: threads split them.
 #pragma omp parallel for num_threads(p.threads) schedule(static)
         for (std::int64_t r0 = 0; r0 < p.T; r0 += mr) {
           const std::int64_t r1 = std::min(r0 + mr, p.T);
-          if (p.S > 0) qk_logits(l_all, ldl, tm, Q, r0, r1, kv, p.scale);  // L = scale Q Kᵀ
+          if (p.S > 0) qk_logits(l_all, ldl, kernels, Q, r0, r1, kv, p.scale);  // L = scale Q Kᵀ
           mask_logits(l_all + r0 * ldl, ldl, p, r1 - r0, r0, r1 - r0, 0, p.S);
         }
         std::vector<float> denom(static_cast<std::size_t>(p.T)), base(denom.size());
@@ -47,7 +47,7 @@ void naive_attention(const Problem& p) {
             if (l[j] > m) m = l[j];
           const float shift = std::isinf(m) && m < 0 ? 0.0f : m;
           for (std::int64_t j = 0; j < p.S; ++j) l[j] -= shift;
-          exp_row(tm, l, l, p.S);
+          exp_row(kernels, l, l, p.S);
           float sum = 0.0f;
           for (std::int64_t j = 0; j < p.S; ++j) sum += l[j];
           const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
@@ -59,13 +59,13 @@ void naive_attention(const Problem& p) {
         for (std::int64_t r0 = 0; r0 < p.T; r0 += mr) {
           const std::int64_t r1 = std::min(r0 + mr, p.T);
           if (p.S > 0) {
-            pack_p_rows(P, tm, l_all, ldl, r0, r1, p.S);  // the bf16 weight matrix
-            pv_accumulate(O.ptr(), tm, P, r0, r1, kv);   // O = W V
+            pack_p_rows(P, kernels, l_all, ldl, r0, r1, p.S);  // the bf16 weight matrix
+            pv_accumulate(O.ptr(), kernels, P, r0, r1, kv);   // O = W V
           }
           for (std::int64_t t = r0; t < r1; ++t) {
             // O is already normalised: write it with a denominator of 1 (0 for a row with no key).
             const float sum = denom[static_cast<std::size_t>(t)];
-            finish_row(p, b, kh, g, t, O.row(t, tm.Hp), base[static_cast<std::size_t>(t)] + std::log(sum),
+            finish_row(p, b, kh, g, t, O.row(t, kernels.Hp), base[static_cast<std::size_t>(t)] + std::log(sum),
                              sum == 0.0f ? 0.0f : 1.0f);
           }
         }

@@ -2,7 +2,7 @@
 // (tolerances from reference/tolerance.hpp): awkward shapes, block sizes that divide nothing, causal
 // offsets, strided layouts, the KV-split path, bitwise identity across thread counts, NaN and fully
 // masked rows.
-#include "flash/flash_fast.hpp"
+#include "flash/flash_packed.hpp"
 
 #include <gtest/gtest.h>
 
@@ -31,7 +31,7 @@ using testing::flash_problem;
 using testing::run_flash_and_check;
 using testing::run_flash_values;
 
-class FlashFast : public ::testing::TestWithParam<Isa> {
+class FlashPacked : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
     if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
@@ -46,7 +46,7 @@ const Shape kShapes[] = {
     {1, 1, 2, 33, 17, 256}, {1, 2, 3, 1, 41, 128}, {3, 1, 2, 23, 23, 17}, {1, 1, 4, 70, 300, 96},
 };
 
-TEST_P(FlashFast, MatchesReferenceOnAwkwardShapes) {
+TEST_P(FlashPacked, MatchesReferenceOnAwkwardShapes) {
   int seed = 0;
   for (const Shape& shape : kShapes)
     for (Precision precision : {Precision::bf16, Precision::f32})
@@ -60,7 +60,7 @@ TEST_P(FlashFast, MatchesReferenceOnAwkwardShapes) {
       }
 }
 
-TEST_P(FlashFast, MatchesReferenceWithBlocksThatDivideNothing) {
+TEST_P(FlashPacked, MatchesReferenceWithBlocksThatDivideNothing) {
   const Shape shape{1, 2, 3, 29, 101, 64};
   int seed = 100;
   for (std::int64_t bq : {1, 7, 16, 1000})
@@ -75,7 +75,7 @@ TEST_P(FlashFast, MatchesReferenceWithBlocksThatDivideNothing) {
     }
 }
 
-TEST_P(FlashFast, CausalAtSeveralOffsets) {
+TEST_P(FlashPacked, CausalAtSeveralOffsets) {
   int seed = 200;
   for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 70, 24, 80},
                              Shape{1, 1, 2, 1, 33, 128}, Shape{1, 1, 4, 100, 100, 128}})
@@ -99,7 +99,7 @@ TEST_P(FlashFast, CausalAtSeveralOffsets) {
 
 // Windows: blocks skipped below and above each tile's keys, rows masked on both sides, KV splits (B.K
 // = 1, 2) starting inside a block; the same bits on 1 and 2 threads.
-TEST_P(FlashFast, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
+TEST_P(FlashPacked, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
   int seed = 900;
   for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 70, 150, 80}, Shape{1, 1, 3, 100, 260, 128}})
     for (const testing::WindowCase& w : testing::kWindowCases)
@@ -120,7 +120,7 @@ TEST_P(FlashFast, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
       }
 }
 
-TEST_P(FlashFast, DefaultBlocksOnALongerSequence) {
+TEST_P(FlashPacked, DefaultBlocksOnALongerSequence) {
   for (bool causal : {false, true}) {
     Options o;
     o.causal = causal;
@@ -131,7 +131,7 @@ TEST_P(FlashFast, DefaultBlocksOnALongerSequence) {
   }
 }
 
-TEST_P(FlashFast, StridedLayoutsGiveTheContiguousResult) {
+TEST_P(FlashPacked, StridedLayoutsGiveTheContiguousResult) {
   const Shape shape{2, 2, 3, 21, 34, 80};
   Options o;
   o.causal = true;
@@ -142,7 +142,7 @@ TEST_P(FlashFast, StridedLayoutsGiveTheContiguousResult) {
 }
 
 // The split-KV path (few tasks: decode, B = K = 1) is taken and merges to the reference.
-TEST_P(FlashFast, SplitKvDecodeMatchesReference) {
+TEST_P(FlashPacked, SplitKvDecodeMatchesReference) {
   for (const Shape& shape : {Shape{1, 1, 4, 1, 2000, 128}, Shape{1, 2, 1, 3, 777, 64}}) {
     for (bool causal : {false, true}) {
       Options o;
@@ -157,7 +157,7 @@ TEST_P(FlashFast, SplitKvDecodeMatchesReference) {
 }
 
 // The last two shapes (G·T <= 8 rows per kv head) take the decode path, split over KV blocks.
-TEST_P(FlashFast, SameBitsForAnyThreadCount) {
+TEST_P(FlashPacked, SameBitsForAnyThreadCount) {
   for (const Shape& shape : {Shape{1, 3, 2, 45, 77, 64}, Shape{1, 1, 4, 1, 3000, 128}, Shape{1, 3, 2, 2, 1500, 64}}) {
     std::vector<float> results[3];
     for (int threads : {1, 2, 3}) {
@@ -172,17 +172,17 @@ TEST_P(FlashFast, SameBitsForAnyThreadCount) {
   }
 }
 
-TEST_P(FlashFast, FullyMaskedRowsGiveZeroAndMinusInfinity) {
+TEST_P(FlashPacked, FullyMaskedRowsGiveZeroAndMinusInfinity) {
   const Shape shape{1, 1, 2, 9, 12, 64};
   AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 5);
   Options o;
   o.causal = true;
   o.causal_offset = -4;  // queries 0..3 see no key
-  flash_attention_fast(flash_problem(c, o), isa());
+  flash_attention(flash_problem(c, o), isa());
   testing::expect_first_rows_masked(c, 4);
 }
 
-TEST_P(FlashFast, NanInInputsReachesTheOutput) {
+TEST_P(FlashPacked, NanInInputsReachesTheOutput) {
   const Shape shape{1, 1, 2, 6, 70, 64};
   Options o;
   o.causal = true;
@@ -191,7 +191,7 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 3);
     c.set_q(0, 0, 1, 2, 5, std::numeric_limits<float>::quiet_NaN());
-    flash_attention_fast(flash_problem(c, o), isa());
+    flash_attention(flash_problem(c, o), isa());
     for (std::int64_t g = 0; g < 2; ++g)
       for (std::int64_t t = 0; t < 6; ++t)
         EXPECT_EQ(std::isnan(c.out_at(0, 0, g, t, 0)), g == 1 && t == 2) << "g " << g << " t " << t;
@@ -199,14 +199,14 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
   {
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 4);
     c.set_v(0, 0, 43, 7, std::numeric_limits<float>::quiet_NaN());  // seen by queries t >= 3
-    flash_attention_fast(flash_problem(c, o), isa());
+    flash_attention(flash_problem(c, o), isa());
     for (std::int64_t t = 3; t < 6; ++t) EXPECT_TRUE(std::isnan(c.out_at(0, 0, 0, t, 7))) << "t " << t;
     EXPECT_FALSE(std::isnan(c.out_at(0, 0, 0, 3, 6)));  // other columns stay finite
   }
   {  // A row whose logits are all NaN: NaN output and lse, its neighbours finite.
     AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 5);
     c.set_q(0, 0, 0, 5, 0, std::numeric_limits<float>::quiet_NaN());
-    flash_attention_fast(flash_problem(c, o), isa());
+    flash_attention(flash_problem(c, o), isa());
     EXPECT_TRUE(std::isnan(c.out_at(0, 0, 0, 5, 1)));
     EXPECT_TRUE(std::isnan(c.lse_at(0, 0, 0, 5)));
     EXPECT_FALSE(std::isnan(c.out_at(0, 0, 0, 4, 1)));
@@ -214,17 +214,17 @@ TEST_P(FlashFast, NanInInputsReachesTheOutput) {
   }
 }
 
-TEST_P(FlashFast, EmptyKeysAndQueries) {
+TEST_P(FlashPacked, EmptyKeysAndQueries) {
   AttentionCase c = make_case(Shape{1, 2, 2, 3, 0, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  flash_attention_fast(flash_problem(c, Options{}), isa());
+  flash_attention(flash_problem(c, Options{}), isa());
   for (float x : c.out_values()) ASSERT_EQ(x, 0.0f);
   for (std::size_t i = 0; i + 1 < c.lse_buf.size(); ++i)
     ASSERT_EQ(c.lse_buf[i], -std::numeric_limits<float>::infinity());
   AttentionCase e = make_case(Shape{1, 2, 2, 0, 5, 64}, DType::bf16, DType::bf16, Layout::contiguous, 1);
-  EXPECT_NO_THROW(flash_attention_fast(flash_problem(e, Options{}), isa()));
+  EXPECT_NO_THROW(flash_attention(flash_problem(e, Options{}), isa()));
 }
 
-TEST_P(FlashFast, LargeLogitsStayFinite) {
+TEST_P(FlashPacked, LargeLogitsStayFinite) {
   // Logits of several hundred: exp would overflow without the running max.
   AttentionCase c =
       make_case(Shape{1, 1, 2, 20, 90, 64}, DType::f32, DType::f32, Layout::contiguous, 9, 6.0f);
@@ -234,7 +234,7 @@ TEST_P(FlashFast, LargeLogitsStayFinite) {
   EXPECT_TRUE(r.ok) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, FlashFast,
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashPacked,
                          ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
                          [](const auto& info) { return std::string(isa_name(info.param)); });
 

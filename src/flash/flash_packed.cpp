@@ -24,7 +24,7 @@
 //
 // Problems with at most kDecodeMaxRows query rows per kv head (decode) on a kernel set with decode
 // kernels go to flash_decode.cpp instead: K and V rows streamed in address order, nothing packed.
-#include "flash/flash_fast.hpp"
+#include "flash/flash_packed.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -50,12 +50,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 struct Plan {
   const FlashKernels* kern = nullptr;
   FlashBlocks blocks;
-  std::int64_t Hp = 0, M = 0, Mpad = 0, npad = 0;  // M: rows of a full q block
+  std::int64_t Hp = 0, M = 0, Mpad = 0, block_keys = 0;  // M: rows of a full q block; block_keys: bkv padded to panels
   TaskPlan work;  // tasks grouped by kv head group, largest first within a group
   // K/V are packed once per kv head, for all its q blocks, a group of heads at a time: the blocks
   // [first_block, first_block + kv_blocks) that hold the keys some query sees, keys [0, kv_end).
   std::int64_t first_block = 0, kv_blocks = 0, kv_end = 0;
-  std::int64_t block_bytes = 0;  // one packed K (or V) block, npad keys x Hp
+  std::int64_t block_bytes = 0;  // one packed K (or V) block, block_keys keys x Hp
   std::int64_t heads_per_group = 1;
   std::vector<std::int64_t> group_first;  // tasks of group g: [group_first[g], group_first[g + 1])
   std::int64_t head_group(const FlashTask& t, std::int64_t K) const { return (t.b * K + t.kh) / heads_per_group; }
@@ -72,7 +72,7 @@ Plan make_plan(const Problem& p, Isa isa) {
   plan.Hp = round_up(p.H, kHTile);
   plan.M = p.G * bl.bq;
   plan.Mpad = round_up(plan.M, plan.kern->mr);
-  plan.npad = padded_keys(bl.bkv);
+  plan.block_keys = padded_keys(bl.bkv);
   plan.work = plan_tasks(p, bl.bq, bl.bkv);
   std::vector<FlashTask>& tasks = plan.work.tasks;
   // The blocks any query of a head sees.
@@ -80,7 +80,7 @@ Plan make_plan(const Problem& p, Isa isa) {
   plan.first_block = all.begin / bl.bkv;
   plan.kv_blocks = all.empty() ? 0 : ceil_div(all.end, bl.bkv) - plan.first_block;
   plan.kv_end = all.end;
-  plan.block_bytes = plan.npad * plan.Hp * plan.kern->operand_bytes;
+  plan.block_bytes = plan.block_keys * plan.Hp * plan.kern->operand_bytes;
   // Heads per group: enough tasks to keep every thread busy, within the packed-memory budget. (Only
   // the order of work and the memory change with the thread count, never a result.)
   const std::int64_t heads = p.B * p.K;
@@ -140,7 +140,7 @@ struct Workspace {
   explicit Workspace(const Plan& plan) {
     const std::int64_t operand_bytes = plan.kern->operand_bytes, mr = plan.kern->mr;
     ldq = ldo = plan.Hp;
-    lds = ldp = plan.npad;
+    lds = ldp = plan.block_keys;
     q.reset(static_cast<std::size_t>(plan.Mpad * ldq * operand_bytes));
     o.reset(static_cast<std::size_t>(plan.Mpad * ldo * 4));
     m.reset(static_cast<std::size_t>(plan.Mpad * 4));
@@ -180,11 +180,11 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
     // the head (it may hold more keys, which the masks below never let through).
     const std::int64_t s0 = j * bkv;
     const std::int64_t n0 = std::max<std::int64_t>(task.keys.begin - s0, 0);
-    const std::int64_t n = std::min(bkv, task.keys.end - s0), npad = padded_keys(n);
+    const std::int64_t n = std::min(bkv, task.keys.end - s0), n_padded = padded_keys(n);
     const std::int64_t at = kv.offset(plan, (task.b * p.K + task.kh) % plan.heads_per_group, j);
     const char* kblock = kv.k.as<char>() + at;
     const char* vblock = kv.v.as<char>() + at;
-    const std::int64_t vpad = padded_keys(PackedKV::keys(plan, j));  // V panel length
+    const std::int64_t v_panel_keys = padded_keys(PackedKV::keys(plan, j));  // V panel length
     // Row r's keys of the block, as offsets from s0.
     auto row_keys = [&](std::int64_t r) { return p.visible_keys(rows.t(r)).clamp_to(s0 + n0, s0 + n, s0); };
     for (std::int64_t r0 = 0; r0 < M; r0 += mr) {
@@ -193,7 +193,7 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
       const KeyRange first = row_keys(r0), last = row_keys(r0 + nr - 1);
       if (last.end <= first.begin) continue;  // no row of the tile sees a key of this block
       const std::int32_t *row_lo = nullptr, *row_hi = nullptr;
-      if (last.begin > 0 || first.end < npad) {  // a mask edge or the block end cuts the tile
+      if (last.begin > 0 || first.end < n_padded) {  // a mask edge or the block end cuts the tile
         for (int i = 0; i < nr; ++i) {
           const KeyRange keys = row_keys(r0 + i);
           lo[i] = static_cast<std::int32_t>(keys.begin);
@@ -203,19 +203,19 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
         row_hi = hi;
       }
       const std::int64_t c0 = first.begin / kPanelKeys * kPanelKeys;
-      const std::int64_t nk = padded_keys(last.end), nkeys = round_up(last.end, 2);
+      const std::int64_t s_keys = padded_keys(last.end), pv_keys = round_up(last.end, 2);
       float* s = w.s.as<float>();
       // S = scale Q K^T over the panels some row may see.
-      for (std::int64_t c = c0; c < nk; c += kPanelKeys)
+      for (std::int64_t c = c0; c < s_keys; c += kPanelKeys)
         kern.qk_tile({s + c, w.lds, q + r0 * w.ldq * operand_bytes, w.ldq, kblock + c * Hp * operand_bytes, Hp,
                       p.scale, nr});
       // Running max, P = exp(S - m) (bf16), l = l corr + sum P.
       const bool moved = kern.softmax_tile(
-          {s, w.lds, w.p.data(), w.ldp, m + r0, l + r0, w.corr.as<float>(), row_lo, row_hi, nk, nr, round});
+          {s, w.lds, w.p.data(), w.ldp, m + r0, l + r0, w.corr.as<float>(), row_lo, row_hi, s_keys, nr, round});
       // O = O corr + P V, one h tile at a time (the rescale only when some row's max moved).
       for (std::int64_t c = 0; c < Hp; c += kHTile)
-        kern.pv_tile({o + r0 * w.ldo + c, w.ldo, w.p.data(), w.ldp, vblock + c * vpad * operand_bytes, nkeys,
-                      moved ? w.corr.as<float>() : nullptr, nr});
+        kern.pv_tile({o + r0 * w.ldo + c, w.ldo, w.p.data(), w.ldp, vblock + c * v_panel_keys * operand_bytes,
+                      pv_keys, moved ? w.corr.as<float>() : nullptr, nr});
     }
   }
   finish_task(p, plan.work, task, M, o, w.ldo, m, l, parts);
@@ -223,7 +223,7 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
 
 }  // namespace
 
-void flash_attention_fast(const Problem& p, Isa isa) {
+void flash_attention(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return;
   // A few query rows per kv head (decode): rows streamed in address order, no packing.
   if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
@@ -250,8 +250,6 @@ void flash_attention_fast(const Problem& p, Isa isa) {
         merge_task(p, plan.work, plan.work.merges[static_cast<std::size_t>(i)], parts, acc);
       });
 }
-
-void flash_attention_fast(const Problem& p) { flash_attention_fast(p, active_isa()); }
 
 int flash_max_kv_splits(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return 1;

@@ -18,8 +18,8 @@
 namespace flashgqa {
 
 // The kernels (active instruction set, p.precision) and the padded head dim, chosen once per call.
-struct TileMath {
-  explicit TileMath(const Problem& p);
+struct RungKernels {
+  explicit RungKernels(const Problem& p);
   const FlashKernels* kern;
   std::int64_t H, Hp;          // Hp: H padded to the kernels' column tile
   std::int64_t operand_bytes;  // 2 (bf16 pairs) or 4 (fp32)
@@ -40,10 +40,10 @@ struct QRows {
   std::int64_t M = 0;
 };
 // The G·rows rows of a q block (order above).
-void pack_q_block(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+void pack_q_block(QRows& dst, const RungKernels& kernels, const Problem& p, std::int64_t b, std::int64_t kh,
                   std::int64_t t0, std::int64_t rows);
 // The T rows of one head g.
-void pack_q_head(QRows& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+void pack_q_head(QRows& dst, const RungKernels& kernels, const Problem& p, std::int64_t b, std::int64_t kh,
                  std::int64_t g);
 
 // A KV block, keys [s0, s0 + n) packed for qk_tile and pv_tile, zero padded to npad keys.
@@ -51,24 +51,24 @@ struct KvBlock {
   AlignedBuffer k, v;
   std::int64_t n = 0, npad = 0;
 };
-void pack_kv_block(KvBlock& dst, const TileMath& tm, const Problem& p, std::int64_t b, std::int64_t kh,
+void pack_kv_block(KvBlock& dst, const RungKernels& kernels, const Problem& p, std::int64_t b, std::int64_t kh,
                    std::int64_t s0, std::int64_t n);
 
 // L [r][0..npad) <- scale · q_r · k_j for rows [r0, r1); ldl a multiple of 16 (keys past n give 0).
-void qk_logits(float* L, std::int64_t ldl, const TileMath& tm, const QRows& Q, std::int64_t r0,
+void qk_logits(float* L, std::int64_t ldl, const RungKernels& kernels, const QRows& Q, std::int64_t r0,
                std::int64_t r1, const KvBlock& kv, float scale);
 
 // Packed weights [rows][npad] (operands), for P·V.
 struct PRows {
   AlignedBuffer data;
   std::int64_t ld = 0;  // = npad
-  void reserve(const TileMath& tm, std::int64_t rows, std::int64_t npad);
+  void reserve(const RungKernels& kernels, std::int64_t rows, std::int64_t npad);
 };
 // P rows [r0, r1) <- W [r][0..n) (fp32 weights, already rounded per the precision), zero padded.
-void pack_p_rows(PRows& dst, const TileMath& tm, const float* W, std::int64_t ldw, std::int64_t r0,
+void pack_p_rows(PRows& dst, const RungKernels& kernels, const float* W, std::int64_t ldw, std::int64_t r0,
                  std::int64_t r1, std::int64_t n);
 // O [r][0..Hp) += P[r] · V for rows [r0, r1); O rows have leading dimension Hp.
-void pv_accumulate(float* O, const TileMath& tm, const PRows& P, std::int64_t r0, std::int64_t r1,
+void pv_accumulate(float* O, const RungKernels& kernels, const PRows& P, std::int64_t r0, std::int64_t r1,
                    const KvBlock& kv);
 
 // Sets L[m, n] = -inf (m < M, n < N, row stride ldl) where key s0 + n is not among the keys that row m's
@@ -80,15 +80,15 @@ void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, s
 float round_weight(float w, Precision precision);
 
 // dst[0..n) = exp(src[0..n)) with the kernels' vectorised exp (in place allowed).
-inline void exp_row(const TileMath& tm, float* dst, const float* src, std::int64_t n) {
-  tm.kern->exp_n(dst, src, n);
+inline void exp_row(const RungKernels& kernels, float* dst, const float* src, std::int64_t n) {
+  kernels.kern->exp_n(dst, src, n);
 }
 
 // One online-softmax step for one row: logits l [n] (masked entries -inf), running max m and sum
 // l_sum (updated). Writes the weights p [n] = exp(l - m_new), rounded for P·V (in place allowed),
 // sums them unrounded, and returns the factor exp(m_old - m_new) by which the row's accumulator must
 // be multiplied. A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
-float online_softmax_update(const TileMath& tm, float* p, const float* l, std::int64_t n, float& m,
+float online_softmax_update(const RungKernels& kernels, float* p, const float* l, std::int64_t n, float& m,
                             float& l_sum, Precision precision);
 
 // The requested block size, or `automatic` for 0, never longer than `extent` (the keys or queries it
