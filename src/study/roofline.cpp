@@ -23,9 +23,16 @@ std::string to_string(const Shape& s) {
          std::to_string(s.T) + "," + std::to_string(s.S) + "," + std::to_string(s.H);
 }
 
-double attention_flops(const Shape& s, bool causal) {
-  const double f = 4.0 * d(s.B) * d(s.K) * d(s.G) * d(s.T) * d(s.S) * d(s.H);
-  return causal ? f / 2 : f;
+double attention_flops(const Problem& p) {
+  return 4.0 * d(p.B) * d(p.K) * d(p.G) * d(p.H) * d(p.visible_pairs());
+}
+
+double attention_flops(const Shape& s, bool causal, std::optional<std::int64_t> causal_offset) {
+  Problem p;
+  p.B = s.B, p.K = s.K, p.G = s.G, p.T = s.T, p.S = s.S, p.H = s.H;
+  p.causal = causal;
+  p.causal_offset = causal_offset.value_or(s.S - s.T);
+  return attention_flops(p);
 }
 
 double naive_intensity(const Shape& s) {

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "core/problem.hpp"
 #include "flashgqa/flashgqa.hpp"
 
 namespace flashgqa::study {
@@ -21,8 +23,12 @@ struct Machine {
   double bandwidth = 0;  // main-memory read bandwidth, bytes/s
 };
 
-// 4·B·K·G·T·S·H: two matmuls of 2·T·S·H per query head; halved when causal (half the pairs).
-double attention_flops(const Shape& s, bool causal);
+// 4·B·K·G·H per visible (query, key) pair: two matmuls of 2·H per pair and query head. All T·S pairs
+// without a mask; with causal masking at `causal_offset` (default S - T, bottom-right) the pairs
+// Problem::visible_keys lets through, so T = 512, S = 8192 counts nearly all of them, T = S about half.
+double attention_flops(const Shape& s, bool causal, std::optional<std::int64_t> causal_offset = std::nullopt);
+// The same for a validated problem (its mask as it is).
+double attention_flops(const Problem& p);
 
 // The seed's intensity of either matmul of naive attention, per (b, kv head):
 // G·T·H·S / (G·T·H + S·H + G·T·S). With G = 4, H = 128 and T = S it is 128·T / (160 + T) < 128.

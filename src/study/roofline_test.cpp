@@ -36,7 +36,11 @@ TEST(Roofline, FlashIntensityAndItsComputeBoundLength) {
 TEST(Roofline, HandComputedFlopsAndPrediction) {
   const Shape s{1, 8, 4, 4096, 4096, 128};
   EXPECT_DOUBLE_EQ(attention_flops(s, false), 4.0 * 8 * 4 * 4096.0 * 4096 * 128);  // 2.75e11
-  EXPECT_DOUBLE_EQ(attention_flops(s, true), 2.0 * 8 * 4 * 4096.0 * 4096 * 128);
+  EXPECT_DOUBLE_EQ(attention_flops(s, true), 4.0 * 8 * 4 * (4096.0 * 4097 / 2) * 128);  // T (T + 1) / 2 pairs
+  // The visible area, not half of T S: T = 512 queries at the end of S = 8192 keys see nearly all.
+  const Shape tail{1, 1, 1, 512, 8192, 128};
+  EXPECT_DOUBLE_EQ(attention_flops(tail, true), 4.0 * 128 * (512.0 * 7680 + 512.0 * 513 / 2));
+  EXPECT_DOUBLE_EQ(attention_flops(tail, true, 0), 4.0 * 128 * (512.0 * 513 / 2));  // top-left
   const Machine m{462e9, 30e9};
   const Prediction p = predict(attention_flops(s, false), flash_intensity(s), m);
   EXPECT_NEAR(p.t_math, 0.5949, 1e-4);  // the compute floor, 0.595 s
