@@ -7,7 +7,7 @@
 //
 // Every tensor is a strided view: the innermost dimension (H) must be contiguous (stride 1), all other
 // strides are free, so PyTorch's SDPA layout [B, K*G, T, H] and FlashAttention's [B, T, K*G, H] are
-// viewed without copying (see sdpa_q_view / fa_q_view below). lse may have any strides.
+// viewed without copying (see split_heads / sdpa_q_view / fa_q_view below). lse may have any strides.
 //
 // out[b,k,g,t,:] = sum_j softmax_j(scale * q[b,k,g,t,:] . k[b,k,j,:]) v[b,k,j,:]
 // over the keys j that query t may see: all of them, or with causal masking those with j <= t + offset.
@@ -37,11 +37,28 @@ class Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Every enum below has one table of {value, name}, in the order front ends list the choices: its
+// *_name function prints from it, its parse_* function reads from it, and the CLI's help and the
+// Python module list the valid names from it (join_names).
+template <typename Enum>
+struct EnumName {
+  Enum value;
+  const char* name;
+};
+
 enum class DType : std::uint8_t { f32, bf16, f16 };
+inline constexpr std::array<EnumName<DType>, 3> kDTypeNames{{
+    {DType::f32, "float32"},
+    {DType::bf16, "bfloat16"},
+    {DType::f16, "float16"},
+}};
 // Size of one element in bytes.
 std::size_t dtype_size(DType dtype);
-// "float32", "bfloat16", "float16".
+// "float32", "bfloat16", "float16" ("unknown" for a code outside the table).
 const char* dtype_name(DType dtype);
+// Parses a name as printed by dtype_name; throws Error for anything else, naming `argument` and
+// listing the valid names: "dtype: unknown dtype 'float64', expected float32, bfloat16 or float16".
+DType parse_dtype(const std::string& name, const std::string& argument = "dtype");
 
 enum class Algorithm : std::uint8_t {
   naive,             // logits materialised per (b, k, g); the seed's attn_naive
@@ -50,14 +67,38 @@ enum class Algorithm : std::uint8_t {
   kernel1,           // the seed's first kernel: carries go through memory every KV step
   flash,             // KV loop inside, accumulators stay in cache/registers (flash_attention)
 };
-// "naive", "chunked-unstable", "chunked", "kernel1", "flash".
+inline constexpr std::array<EnumName<Algorithm>, 5> kAlgorithmNames{{
+    {Algorithm::naive, "naive"},
+    {Algorithm::chunked_unstable, "chunked-unstable"},
+    {Algorithm::chunked, "chunked"},
+    {Algorithm::kernel1, "kernel1"},
+    {Algorithm::flash, "flash"},
+}};
+// "naive", "chunked-unstable", "chunked", "kernel1", "flash" ("unknown" outside the table).
 const char* algorithm_name(Algorithm algorithm);
-// Parses a name as printed by algorithm_name; throws Error for anything else.
-Algorithm parse_algorithm(const std::string& name);
+// Parses a name as printed by algorithm_name; throws Error for anything else, naming `argument`
+// and listing the valid names.
+Algorithm parse_algorithm(const std::string& name, const std::string& argument = "algorithm");
 
 enum class Precision : std::uint8_t { bf16, f32 };
-const char* precision_name(Precision precision);  // "bf16", "f32"
-Precision parse_precision(const std::string& name);
+inline constexpr std::array<EnumName<Precision>, 2> kPrecisionNames{{
+    {Precision::bf16, "bf16"},
+    {Precision::f32, "f32"},
+}};
+const char* precision_name(Precision precision);  // "bf16", "f32" ("unknown" outside the table)
+// Parses "bf16" or "f32"; throws Error for anything else, naming `argument`.
+Precision parse_precision(const std::string& name, const std::string& argument = "precision");
+
+// The names of a table for messages and help texts: join_names(kPrecisionNames) is "bf16 or f32",
+// join_names(kAlgorithmNames, ",", ",") is "naive,chunked-unstable,chunked,kernel1,flash".
+template <typename Enum, std::size_t N>
+std::string join_names(const std::array<EnumName<Enum>, N>& table, const char* separator = ", ",
+                       const char* last_separator = " or ") {
+  std::string s;
+  for (std::size_t i = 0; i < N; ++i)
+    s += std::string(i == 0 ? "" : i + 1 == N ? last_separator : separator) + table[i].name;
+  return s;
+}
 
 // A strided view of at most 5 dimensions. Strides are in elements, not bytes.
 struct TensorView {
@@ -75,7 +116,16 @@ struct TensorView {
 TensorView contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape);
 TensorView contiguous_view(const void* data, DType dtype, std::initializer_list<std::int64_t> shape);
 
-// Views of PyTorch SDPA's q layout [B, K*G, T, H] (contiguous) as [B, K, G, T, H].
+// SDPA's layout [B, Hq, T, H] (rank 4, any strides) viewed as [B, K, G, T, H], G = Hq / K: query
+// head h = k*G + g uses kv head k = h / G (as PyTorch SDPA's enable_gqa). The head axis, of stride s,
+// splits into (K, G) with strides (G*s, s); no data moves. A rank-3 view [B, Hq, T] (such as lse)
+// splits the same way into [B, K, G, T]. Throws Error, naming `name`, for a rank other than 3 or 4,
+// a negative dimension, K < 1, Hq not a multiple of K, or a stride that overflows.
+TensorView split_heads(const TensorView& heads, std::int64_t K,
+                       const std::string& name = "split_heads");
+
+// Views of PyTorch SDPA's q layout [B, K*G, T, H] (contiguous) as [B, K, G, T, H]: split_heads of
+// the contiguous 4-D view (throwing as it does, e.g. for K < 1).
 TensorView sdpa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
                        std::int64_t T, std::int64_t H);
 // Views of FlashAttention's q layout [B, T, K*G, H] (contiguous) as [B, K, G, T, H].

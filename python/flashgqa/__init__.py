@@ -13,7 +13,9 @@ last dimension (H) must be contiguous. The result comes back as the kind and dty
 numpy out; torch in, torch out; jax in, jax out (computed into a numpy buffer, then handed to
 ``jax.device_put`` on q's CPU device, which may copy it once). The GIL is released while
 computing. Bad arguments raise ValueError (shapes, devices, options) or TypeError (types, dtypes)
-with the library's message.
+with the library's message: shapes, strides and option values are checked by the C++ library only;
+this package checks only what the library cannot see (array kinds, devices, dtypes, writability,
+option types, integers too large for C++).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from . import _flashgqa
 
 __all__ = ["attention", "linear_attention"]
 
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
 
-def _shape_str(shape):
-    return "[" + ",".join(str(int(n)) for n in shape) + "]"
+def _one_of(names, prefix=""):
+    """'a, b or c' of the names, each with `prefix`."""
+    names = [prefix + n for n in names]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 class _Input:
@@ -45,7 +49,7 @@ class _Input:
 def _numpy_dtype_name(dtype, name):
     if not dtype.isnative:
         raise TypeError(f"{name}: dtype {dtype} is not in native byte order, expected "
-                        "float32, float16 or bfloat16")
+                        f"{_one_of(_FLOAT_DTYPES)}")
     # ml_dtypes.bfloat16 names itself "bfloat16"; numpy has no bfloat16 of its own.
     return dtype.name
 
@@ -63,8 +67,8 @@ def _import(obj, name, writable=False):
     """Classifies one array argument and prepares the zero-copy object the binding reads."""
     if isinstance(obj, np.ndarray):
         dtype = _numpy_dtype_name(obj.dtype, name)
-        if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype {dtype}, expected float32, float16 or bfloat16")
+        if dtype not in _FLOAT_DTYPES:  # (uint16 too: the binding would read it as bfloat16)
+            raise TypeError(f"{name}: dtype {dtype}, expected {_one_of(_FLOAT_DTYPES)}")
         if writable and not obj.flags.writeable:
             raise ValueError(f"{name}: numpy array is read-only, expected a writable array")
         # numpy's DLPack export does not know bfloat16: hand over the same memory as uint16,
@@ -78,8 +82,8 @@ def _import(obj, name, writable=False):
             raise ValueError(f"{name}: torch tensor on device {obj.device}, expected a CPU tensor")
         dtype = str(obj.dtype).removeprefix("torch.")
         if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype {obj.dtype}, expected torch.float32, torch.float16 "
-                            "or torch.bfloat16")
+            raise TypeError(f"{name}: dtype {obj.dtype}, expected "
+                            f"{_one_of(_FLOAT_DTYPES, 'torch.')}")
         if obj.is_sparse or obj.layout != torch.strided:
             raise TypeError(f"{name}: torch tensor with layout {obj.layout}, expected a strided "
                             "(dense) tensor")
@@ -100,7 +104,7 @@ def _import(obj, name, writable=False):
             raise ValueError(f"{name}: jax array on {sorted(platforms)}, expected a CPU array")
         dtype = str(obj.dtype)
         if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype {dtype}, expected float32, float16 or bfloat16")
+            raise TypeError(f"{name}: dtype {dtype}, expected {_one_of(_FLOAT_DTYPES)}")
         return _Input(obj, "jax", obj, dtype, obj.shape)
 
     # Anything else with DLPack or the buffer protocol is read through a numpy view of its memory.
@@ -132,12 +136,9 @@ def _import(obj, name, writable=False):
 
 def _import_qkv(q, k, v):
     qi, ki, vi = _import(q, "q"), _import(k, "k"), _import(v, "v")
-    if not qi.dtype == ki.dtype == vi.dtype:
+    if not qi.dtype == ki.dtype == vi.dtype:  # this module's rule: the result takes q's dtype
         raise TypeError(f"q, k, v: dtypes {qi.dtype}, {ki.dtype}, {vi.dtype}, expected one dtype "
                         "for all three")
-    if len(qi.shape) not in (4, 5):
-        raise ValueError(f"q: shape {_shape_str(qi.shape)}, expected 5-D [B,K,G,T,H] or 4-D "
-                         "[B,Hq,T,H]")
     return qi, ki, vi
 
 
@@ -168,22 +169,11 @@ def _finish(qi, result):
 
 
 def _output(qi, out, name="out"):
-    """The output array to return and the object the binding writes: `out` itself or a new one."""
+    """The output array to return and the object the binding writes: `out` itself (its shape is
+    checked by the library) or a new one."""
     if out is None:
         return _empty_like_kind(qi, qi.shape, qi.dtype)
-    oi = _import(out, name, writable=True)
-    if oi.shape != qi.shape:
-        raise ValueError(f"{name}: shape {_shape_str(oi.shape)}, expected the shape of q "
-                         f"{_shape_str(qi.shape)}")
-    return out, oi.arg
-
-
-def _int_option(value, name):
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: {value!r}, expected an int or None")
-    return int(value)
+    return out, _import(out, name, writable=True).arg
 
 
 def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",
@@ -221,13 +211,12 @@ def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precisio
     result, out_arg = _output(qi, out)
     lse, lse_arg = (_empty_like_kind(qi, qi.shape[:-1], "float32") if return_lse
                     else (None, None))
+    # The options go as given: the binding converts them (TypeError for a wrong type, ValueError
+    # for an int too large for C++) and the library checks their values.
     _flashgqa.attention(
         qi.arg, ki.arg, vi.arg, out_arg, lse_arg, causal=bool(causal),
-        causal_offset=None if causal_offset is None else _int_option(causal_offset,
-                                                                     "causal_offset"),
-        scale=None if scale is None else float(scale), precision=str(precision), algo=str(algo),
-        block_q=_int_option(block_q, "block_q"), block_kv=_int_option(block_kv, "block_kv"),
-        threads=_int_option(threads, "threads"))
+        causal_offset=causal_offset, scale=scale, precision=precision, algo=algo,
+        block_q=block_q, block_kv=block_kv, threads=threads)
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result
 
@@ -244,9 +233,6 @@ def linear_attention(q, k, v, *, causal=False, causal_offset=None, scale=None, p
     qi, ki, vi = _import_qkv(q, k, v)
     result, out_arg = _output(qi, out)
     _flashgqa.linear_attention(
-        qi.arg, ki.arg, vi.arg, out_arg, causal=bool(causal),
-        causal_offset=None if causal_offset is None else _int_option(causal_offset,
-                                                                     "causal_offset"),
-        scale=None if scale is None else float(scale), precision=str(precision),
-        block_kv=_int_option(block_kv, "block_kv"), threads=_int_option(threads, "threads"))
+        qi.arg, ki.arg, vi.arg, out_arg, causal=bool(causal), causal_offset=causal_offset,
+        scale=scale, precision=precision, block_kv=block_kv, threads=threads)
     return result if out is not None else _finish(qi, result)

@@ -10,18 +10,24 @@
 //     bits (numpy's DLPack export does not know ml_dtypes.bfloat16: the front passes a uint16
 //     view);
 //   - q and out are [B,K,G,T,H] or SDPA's [B,Hq,T,H] with Hq = K*G (K taken from k); lse is
-//     [B,K,G,T] or [B,Hq,T] to match; k, v are [B,K,S,H]. A head axis Hq of stride s splits into
-//     (K, G) with strides (G*s, s), so any strided 4-D view maps to a 5-D view without a copy.
-// Errors: flashgqa::Error and bad shapes -> ValueError; bad types and dtypes -> TypeError.
+//     [B,K,G,T] or [B,Hq,T] to match; k, v are [B,K,S,H]. A 4-D q (and its out, lse) goes through
+//     the library's split_heads, so any strided 4-D view maps to a 5-D view without a copy;
+//   - the options arrive as the user gave them (None for defaults): this module converts them to
+//     the library's types, with TypeError for a wrong Python type and ValueError for an integer
+//     that does not fit the C++ type; the algorithm and precision names go to the library's
+//     parsers.
+// Shapes, ranks, strides and option values are checked by the library alone: flashgqa::Error
+// becomes ValueError with the library's message. What is checked here is only what the library
+// cannot see: Python types, devices, the dtype mapping, ranks above TensorView::kMaxRank, and the
+// rank of q, which picks the layout (and needs k's K to split a 4-D q).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -36,14 +42,6 @@ using OutArray = nb::ndarray<>;       // the same, writable
 
 constexpr int kDLCPU = 1;       // DLPack device types the CPU can read directly
 constexpr int kDLCUDAHost = 3;  // (pinned host memory)
-
-std::string shape_string(const int64_t* shape, size_t rank) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t d = 0; d < rank; ++d) os << (d ? "," : "") << shape[d];
-  os << ']';
-  return os.str();
-}
 
 std::string dtype_string(nb::dlpack::dtype dt) {
   const char* kind = "unknown";
@@ -83,8 +81,8 @@ flashgqa::DType to_dtype(nb::dlpack::dtype dt, const char* name) {
       return flashgqa::DType::bf16;
     if (dt.code == static_cast<uint8_t>(code::UInt) && dt.bits == 16) return flashgqa::DType::bf16;
   }
-  throw nb::type_error((std::string(name) + ": dtype " + dtype_string(dt) +
-                        ", expected float32, float16 or bfloat16")
+  throw nb::type_error((std::string(name) + ": dtype " + dtype_string(dt) + ", expected " +
+                        flashgqa::join_names(flashgqa::kDTypeNames))
                            .c_str());
 }
 
@@ -108,15 +106,16 @@ Array import_array(nb::handle obj, const char* name) {
   return a;
 }
 
-// The view of `a` as given (rank 1..5), in elements.
+// The view of `a` as given (rank 0..5: a TensorView holds no more), in elements.
 template <typename Array>
 flashgqa::TensorView plain_view(const Array& a, const char* name) {
   flashgqa::TensorView t;
   const size_t rank = a.ndim();
-  if (rank < 1 || rank > static_cast<size_t>(flashgqa::TensorView::kMaxRank))
-    throw nb::value_error(
-        (std::string(name) + ": rank " + std::to_string(rank) + ", expected at most 5 dimensions")
-            .c_str());
+  if (rank > static_cast<size_t>(flashgqa::TensorView::kMaxRank))
+    throw nb::value_error((std::string(name) + ": rank " + std::to_string(rank) +
+                           ", expected at most " +
+                           std::to_string(flashgqa::TensorView::kMaxRank) + " dimensions")
+                              .c_str());
   t.data = const_cast<void*>(static_cast<const void*>(a.data()));
   t.dtype = to_dtype(a.dtype(), name);
   t.rank = static_cast<int>(rank);
@@ -134,30 +133,14 @@ flashgqa::TensorView plain_view(const Array& a, const char* name) {
   return t;
 }
 
-// Splits axis 1 of `t` (a head axis of K*G heads) into (K, G): [B,Hq,...] -> [B,K,G,...].
-flashgqa::TensorView split_heads(const flashgqa::TensorView& t, int64_t K, const char* name,
-                                 const char* layout) {
-  const int64_t Hq = t.shape[1];
-  if (K < 1 || Hq % K != 0)
-    throw nb::value_error((std::string(name) + ": shape " +
-                           shape_string(t.shape.data(), static_cast<size_t>(t.rank)) + " " +
-                           layout + " has Hq = " + std::to_string(Hq) +
-                           " query heads, expected a multiple of K = " + std::to_string(K) +
-                           " kv heads (from k)")
-                              .c_str());
-  flashgqa::TensorView s = t;
-  s.rank = t.rank + 1;
-  s.shape[0] = t.shape[0];
-  s.stride[0] = t.stride[0];
-  s.shape[1] = K;
-  s.stride[1] = (Hq / K) * t.stride[1];
-  s.shape[2] = Hq / K;
-  s.stride[2] = t.stride[1];
-  for (int d = 2; d < t.rank; ++d) {
-    s.shape[static_cast<size_t>(d) + 1] = t.shape[static_cast<size_t>(d)];
-    s.stride[static_cast<size_t>(d) + 1] = t.stride[static_cast<size_t>(d)];
+// flashgqa::split_heads of a 4-D q, out or lse by k's K; the library's message says what was
+// wrong, this adds where K came from.
+flashgqa::TensorView split_by_k(const flashgqa::TensorView& t, int64_t K, const char* name) {
+  try {
+    return flashgqa::split_heads(t, K, name);
+  } catch (const flashgqa::Error& e) {
+    throw flashgqa::Error(std::string(e.what()) + " (K from k)");
   }
-  return s;
 }
 
 // The arrays of one call, imported, and the library views built from them. The arrays keep the
@@ -176,60 +159,114 @@ Call make_call(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
   c.v = import_array<InArray>(v, "v");
   c.kv = plain_view(c.k, "k");
   c.vv = plain_view(c.v, "v");
-  if (c.kv.rank != 4)
-    throw nb::value_error(
-        ("k: rank " + std::to_string(c.kv.rank) + ", expected 4 [B,K,S,H]").c_str());
-  const int64_t K = c.kv.shape[1];
   const flashgqa::TensorView q_plain = plain_view(c.q, "q");
-  const bool sdpa = q_plain.rank == 4;
+  // The rank of q picks the layout: 5-D goes to the library as it is, 4-D (SDPA's) is split by
+  // k's K first. Every other check is the library's.
   if (q_plain.rank != 4 && q_plain.rank != 5)
-    throw nb::value_error(
-        ("q: rank " + std::to_string(q_plain.rank) + ", expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H]")
-            .c_str());
-  c.qv = sdpa ? split_heads(q_plain, K, "q", "[B,Hq,T,H]") : q_plain;
+    throw nb::value_error(("q: rank " + std::to_string(q_plain.rank) +
+                           ", expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H]")
+                              .c_str());
+  const bool sdpa = q_plain.rank == 4;
+  if (sdpa && c.kv.rank != 4)  // (for a 5-D q the library reports it)
+    throw nb::value_error(("k: rank " + std::to_string(c.kv.rank) +
+                           ", expected 4 [B,K,S,H] (its K splits the heads of the 4-D q)")
+                              .c_str());
+  const int64_t K = sdpa ? c.kv.shape[1] : 0;
+  c.qv = sdpa ? split_by_k(q_plain, K, "q") : q_plain;
   if (!out.is_none()) {
     c.has_out = true;
     c.out = import_array<OutArray>(out, "out");
     const flashgqa::TensorView o = plain_view(c.out, "out");
-    if (o.rank != q_plain.rank)
-      throw nb::value_error(("out: rank " + std::to_string(o.rank) + ", expected " +
-                             std::to_string(q_plain.rank) + " (the rank of q)")
-                                .c_str());
-    c.outv = sdpa ? split_heads(o, K, "out", "[B,Hq,T,H]") : o;
+    c.outv = sdpa ? split_by_k(o, K, "out") : o;
   }
   if (!lse.is_none()) {
     c.has_lse = true;
     c.lse = import_array<OutArray>(lse, "lse");
     const flashgqa::TensorView l = plain_view(c.lse, "lse");
-    if (l.rank != q_plain.rank - 1)
-      throw nb::value_error(("lse: rank " + std::to_string(l.rank) + ", expected " +
-                             std::to_string(q_plain.rank - 1) + " (the rank of q less one)")
-                                .c_str());
-    c.lsev = sdpa ? split_heads(l, K, "lse", "[B,Hq,T]") : l;
+    c.lsev = sdpa ? split_by_k(l, K, "lse") : l;
   }
   return c;
 }
 
-flashgqa::Options make_options(bool causal, std::optional<int64_t> causal_offset,
-                               std::optional<double> scale, const std::string& precision,
-                               const std::string& algo, int64_t block_q, int64_t block_kv,
-                               int threads) {
+std::string repr_string(nb::handle h) { return nb::repr(h).c_str(); }
+
+// An integer option: None -> nullopt; a Python int or anything with __index__ (numpy integers),
+// but not bool, in the C++ type's range [min, max].
+std::optional<int64_t> int_option(nb::handle h, const char* name, int64_t min, int64_t max,
+                                  const char* ctype) {
+  if (h.is_none()) return std::nullopt;
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr()))
+    throw nb::type_error(
+        (std::string(name) + ": " + repr_string(h) + ", expected an int or None").c_str());
+  const nb::object index = nb::steal(PyNumber_Index(h.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || value < min || value > max)
+    throw nb::value_error((std::string(name) + ": " + repr_string(index) +
+                           " does not fit in a C++ " + ctype + ", expected an int in [" +
+                           std::to_string(min) + ", " + std::to_string(max) + "]")
+                              .c_str());
+  return value;
+}
+
+std::optional<int64_t> int64_option(nb::handle h, const char* name) {
+  return int_option(h, name, INT64_MIN, INT64_MAX, "int64");
+}
+
+// A float option: None -> nullopt; a float, int or anything with __float__ or __index__.
+std::optional<double> float_option(nb::handle h, const char* name) {
+  if (h.is_none()) return std::nullopt;
+  const double value = PyFloat_AsDouble(h.ptr());
+  if (value == -1.0 && PyErr_Occurred()) {
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
+    PyErr_Clear();
+    if (overflow)
+      throw nb::value_error((std::string(name) + ": " + repr_string(h) +
+                             " does not fit in a double, expected a finite number")
+                                .c_str());
+    throw nb::type_error(
+        (std::string(name) + ": " + repr_string(h) + ", expected a float or None").c_str());
+  }
+  return value;
+}
+
+// A name option (algo, precision): a str, parsed by the library's parser for its table.
+template <typename Enum, size_t N>
+std::string name_option(nb::handle h, const char* name,
+                        const std::array<flashgqa::EnumName<Enum>, N>& table) {
+  if (!nb::isinstance<nb::str>(h))
+    throw nb::type_error((std::string(name) + ": " + repr_string(h) + ", expected a str, one of " +
+                          flashgqa::join_names(table))
+                             .c_str());
+  return nb::cast<std::string>(h);
+}
+
+// The library's Options from the Python arguments (None = the library's default).
+flashgqa::Options make_options(bool causal, nb::handle causal_offset, nb::handle scale,
+                               nb::handle precision, nb::handle algo, nb::handle block_q,
+                               nb::handle block_kv, nb::handle threads) {
   flashgqa::Options o;
-  o.algorithm = flashgqa::parse_algorithm(algo);
-  o.precision = flashgqa::parse_precision(precision);
-  o.scale = scale;
+  if (!algo.is_none())
+    o.algorithm =
+        flashgqa::parse_algorithm(name_option(algo, "algo", flashgqa::kAlgorithmNames), "algo");
+  if (!precision.is_none())
+    o.precision = flashgqa::parse_precision(
+        name_option(precision, "precision", flashgqa::kPrecisionNames), "precision");
+  o.scale = float_option(scale, "scale");
   o.causal = causal;
-  o.causal_offset = causal_offset;
-  o.block_q = block_q;
-  o.block_kv = block_kv;
-  o.threads = threads;
+  o.causal_offset = int64_option(causal_offset, "causal_offset");
+  o.block_q = int64_option(block_q, "block_q").value_or(0);
+  o.block_kv = int64_option(block_kv, "block_kv").value_or(0);
+  o.threads = static_cast<int>(
+      int_option(threads, "threads", INT_MIN, INT_MAX, "int").value_or(0));
   return o;
 }
 
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-               bool causal, std::optional<int64_t> causal_offset, std::optional<double> scale,
-               const std::string& precision, const std::string& algo, int64_t block_q,
-               int64_t block_kv, int threads) {
+               bool causal, nb::handle causal_offset, nb::handle scale, nb::handle precision,
+               nb::handle algo, nb::handle block_q, nb::handle block_kv, nb::handle threads) {
   const Call c = make_call(q, k, v, out, lse);
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   const flashgqa::Options o =
@@ -242,12 +279,12 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
 }
 
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
-                      std::optional<int64_t> causal_offset, std::optional<double> scale,
-                      const std::string& precision, int64_t block_kv, int threads) {
+                      nb::handle causal_offset, nb::handle scale, nb::handle precision,
+                      nb::handle block_kv, nb::handle threads) {
   const Call c = make_call(q, k, v, out, nb::none());
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
-  const flashgqa::Options o =
-      make_options(causal, causal_offset, scale, precision, "flash", 0, block_kv, threads);
+  const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
+                                           nb::none(), block_kv, threads);
   nb::gil_scoped_release release;
   flashgqa::linear_attention(c.outv, c.qv, c.kv, c.vv, o);
 }
@@ -291,15 +328,22 @@ NB_MODULE(_flashgqa, m) {
     }
   });
 
+  // The library's dtype names, for the front's checks of framework dtypes.
+  nb::list dtype_names;
+  for (const auto& e : flashgqa::kDTypeNames) dtype_names.append(e.name);
+  m.attr("DTYPE_NAMES") = nb::tuple(dtype_names);
+
+  // Every option may be None (the library's default); see make_options.
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
-        nb::arg("scale").none(), nb::arg("precision"), nb::arg("algo"), nb::arg("block_q"),
-        nb::arg("block_kv"), nb::arg("threads"),
+        nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("algo").none(),
+        nb::arg("block_q").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
         "Writes out (and lse, unless None) in place; q/out [B,K,G,T,H] or [B,Hq,T,H], k, v "
         "[B,K,S,H]. uint16 arrays are read as bfloat16 bits.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
-        nb::arg("scale").none(), nb::arg("precision"), nb::arg("block_kv"), nb::arg("threads"),
+        nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),
+        nb::arg("threads").none(),
         "Writes the seed's linear attention into out in place; shapes as attention.");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),

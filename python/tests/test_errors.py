@@ -1,5 +1,6 @@
 """Bad inputs raise ValueError (shapes, devices, options) or TypeError (types, dtypes) whose message
-names the argument, what was found and what was expected."""
+names the argument, what was found and what was expected. Shapes, strides and option values are
+checked by the C++ library alone: its flashgqa::Error message arrives as a ValueError."""
 import numpy as np
 import pytest
 
@@ -28,7 +29,8 @@ def qkv(dtype=np.float32):
         (lambda q, k, v: (np.concatenate([q, q]), k, v), r"k: .* has B = 1, expected 2"),
         (lambda q, k, v: (q[0], k, v), r"q: shape \[2,3,4,8\] \[B,Hq,T,H\] has Hq = 3 query "
                                        r"heads, expected a multiple of K = 2 kv heads"),
-        (lambda q, k, v: (q[0, 0], k, v), r"q: shape \[3,4,8\], expected 5-D"),
+        (lambda q, k, v: (q[0, 0], k, v), r"q: rank 3, expected 5 \[B,K,G,T,H\] or 4 "
+                                          r"\[B,Hq,T,H\]"),
         (lambda q, k, v: (q, k[0], v[0]), r"k: rank 3, expected 4"),
         (lambda q, k, v: (q[..., ::2], k[..., ::2], v[..., ::2]), r"q: innermost stride 2, "
                                                                   r"expected 1"),
@@ -53,7 +55,7 @@ def test_g_not_dividing_hq_raises_value_error():
 @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.uint16, np.complex64, np.bool_])
 def test_unsupported_dtypes_raise_type_error(dtype):
     q, k, v = qkv()
-    with pytest.raises(TypeError, match=r"q: dtype .*, expected float32, float16 or bfloat16"):
+    with pytest.raises(TypeError, match=r"q: dtype .*, expected float32, bfloat16 or float16"):
         flashgqa.attention(q.astype(dtype), k, v)
 
 
@@ -119,8 +121,9 @@ def test_jax_output_buffer_raises_type_error():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(precision="fp8"), r"precision: 'fp8', expected bf16 or f32"),
-        (dict(algo="fast"), r"algorithm: 'fast', expected naive, chunked-unstable"),
+        (dict(precision="fp8"), r"precision: unknown precision 'fp8', expected bf16 or f32"),
+        (dict(algo="fast"), r"algo: unknown algorithm 'fast', expected naive, chunked-unstable, "
+                            r"chunked, kernel1 or flash"),
         (dict(block_kv=-1), r"block_kv: -1, expected >= 0"),
         (dict(algo="naive", block_q=4), r"block_q/block_kv: naive takes no blocks"),
         (dict(threads=-2), r"threads: -2, expected >= 0"),
@@ -137,6 +140,101 @@ def test_bad_option_types_raise_type_error():
     q, k, v = qkv()
     with pytest.raises(TypeError, match=r"block_kv: 2.5, expected an int or None"):
         flashgqa.attention(q, k, v, block_kv=2.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(causal=True, causal_offset=True), r"causal_offset: True, expected an int or None"),
+        (dict(threads="2"), r"threads: '2', expected an int or None"),
+        (dict(block_q=np.float32(4)), r"block_q: .*4.*, expected an int or None"),
+        (dict(scale="0.5"), r"scale: '0.5', expected a float or None"),
+        (dict(algo=3), r"algo: 3, expected a str, one of naive, chunked-unstable, chunked, "
+                       r"kernel1 or flash"),
+        (dict(precision=16), r"precision: 16, expected a str, one of bf16 or f32"),
+    ],
+    ids=["bool-offset", "str-threads", "float-block", "str-scale", "int-algo", "int-precision"],
+)
+def test_more_bad_option_types_raise_type_error(kwargs, match):
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match=match) as info:
+        flashgqa.attention(q, k, v, **kwargs)
+    assert "incompatible function arguments" not in str(info.value)
+
+
+# Integers the C++ types cannot hold: a ValueError naming the argument and the range, not
+# nanobind's dump of the function signature.
+INT64_RANGE = r"\[-9223372036854775808, 9223372036854775807\]"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(causal=True, causal_offset=2**63),
+         r"causal_offset: 9223372036854775808 does not fit in a C\+\+ int64, expected an int in "
+         + INT64_RANGE),
+        (dict(causal=True, causal_offset=-2**63 - 1),
+         r"causal_offset: -9223372036854775809 does not fit in a C\+\+ int64"),
+        (dict(threads=2**31), r"threads: 2147483648 does not fit in a C\+\+ int, expected an int "
+                              r"in \[-2147483648, 2147483647\]"),
+        (dict(threads=-2**31 - 1), r"threads: -2147483649 does not fit in a C\+\+ int"),
+        (dict(block_q=2**64), r"block_q: 18446744073709551616 does not fit in a C\+\+ int64, "
+                              r"expected an int in " + INT64_RANGE),
+        (dict(block_kv=np.uint64(2**64 - 1)), r"block_kv: 18446744073709551615 does not fit in a "
+                                              r"C\+\+ int64"),
+        (dict(scale=10**400), r"scale: 1000.* does not fit in a double, expected a finite number"),
+    ],
+    ids=["offset-2^63", "offset-below", "threads-2^31", "threads-below", "block_q-2^64",
+         "block_kv-uint64", "scale-huge"],
+)
+def test_integers_too_large_raise_value_error(kwargs, match):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=match) as info:
+        flashgqa.attention(q, k, v, **kwargs)
+    assert "incompatible function arguments" not in str(info.value)
+    if "block_q" not in kwargs:  # linear_attention has no block_q
+        with pytest.raises(ValueError, match=match):
+            flashgqa.linear_attention(q, k, v, **kwargs)
+
+
+def test_integers_in_range_pass():
+    q, k, v = qkv()
+    want = flashgqa.attention(q, k, v, causal=True, causal_offset=1, block_kv=2, threads=1)
+    got = flashgqa.attention(q, k, v, causal=True, causal_offset=np.int64(1),
+                             block_kv=np.uint8(2), threads=np.int32(1))
+    np.testing.assert_array_equal(got, want)
+    # The largest int64 offset fits (every key visible); huge blocks are the library's to refuse.
+    far = flashgqa.attention(q, k, v, causal=True, causal_offset=2**63 - 1)
+    np.testing.assert_allclose(far, flashgqa.attention(q, k, v), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"block_q/block_kv: 1099511627776, expected <= 16777216"):
+        flashgqa.attention(q, k, v, block_q=2**40)
+
+
+def test_sdpa_layout_errors_come_from_the_library():
+    """A 4-D q is split by the library's split_heads with k's K; what cannot be split, and what
+    does not match after the split, is reported by the library."""
+    q, k, v = qkv()
+    q4 = q.reshape(B, K * G, T, H)
+    with pytest.raises(ValueError, match=r"q: K = 0 kv heads to split the Hq = 6 query heads of "
+                                         r"shape \[1,6,4,8\] \[B,Hq,T,H\], expected K >= 1 "
+                                         r"\(K from k\)"):
+        flashgqa.attention(q4, k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match=r"k: rank 3, expected 4 \[B,K,S,H\]"):
+        flashgqa.attention(q4, k[0], v[0])
+    with pytest.raises(ValueError, match=r"out: shape \[1,2,3,4,4\], expected the shape of q "
+                                         r"\[1,2,3,4,8\]"):
+        flashgqa.attention(q4, k, v, out=np.empty((B, K * G, T, 4), np.float32))
+    with pytest.raises(ValueError, match=r"out: shape \[1,2,2,4,8\], expected the shape of q "
+                                         r"\[1,2,3,4,8\]"):  # 4 heads split by K = 2: G = 2
+        flashgqa.attention(q4, k, v, out=np.empty((B, 4, T, H), np.float32))
+    with pytest.raises(ValueError, match=r"out: shape \[1,5,4,8\] \[B,Hq,T,H\] has Hq = 5 query "
+                                         r"heads, expected a multiple of K = 2 kv heads "
+                                         r"\(K from k\)"):
+        flashgqa.attention(q4, k, v, out=np.empty((B, 5, T, H), np.float32))
+    with pytest.raises(ValueError, match=r"out: rank 4, expected 5 \[B,K,G,T,H\]"):
+        flashgqa.attention(q, k, v, out=np.empty((B, K * G, T, H), np.float32))
+    with pytest.raises(ValueError, match=r"q: rank 6, expected at most 5 dimensions"):
+        flashgqa.attention(q[None], k, v)
 
 
 def test_bad_out_raises():

@@ -32,24 +32,27 @@ const std::vector<FlagSpec> kFlags = {
     {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
 };
 
-constexpr const char* kHelp =
-    "flashgqa attention --q Q.npy --k K.npy --v V.npy --out O.npy [flags]\n"
+// The help text; the dtype, algorithm and precision names come from the library's tables.
+std::string help_text() {
+  return "flashgqa attention --q Q.npy --k K.npy --v V.npy --out O.npy [flags]\n"
     "  out[b,k,g,t,:] = sum_j softmax_j(scale * q[b,k,g,t,:] . k[b,k,j,:]) v[b,k,j,:]\n"
     "\n"
-    "  --q FILE             queries [B,K,G,T,H] (or [B,K*G,T,H] with --kv-heads K); float32,\n"
-    "                       bfloat16 or float16\n"
+    "  --q FILE             queries [B,K,G,T,H] (or [B,K*G,T,H] with --kv-heads K), in\n"
+    "                       " + join_names(kDTypeNames) + "\n"
     "  --k FILE             keys [B,K,S,H]\n"
     "  --v FILE             values [B,K,S,H]\n"
     "  --out FILE           output, written with q's shape and dtype\n"
     "  --lse FILE           also write the log-sum-exp, float32 [B,K,G,T] ([B,K*G,T] for 4-D q)\n"
     "  --kv-heads K         number of kv heads K when q is 4-D [B,K*G,T,H]\n"
-    "  --algo NAME          naive | chunked-unstable | chunked | kernel1 | flash (default flash)\n"
+    "  --algo NAME          " + join_names(kAlgorithmNames, " | ", " | ") + " (default " +
+    algorithm_name(Options{}.algorithm) + ")\n"
     "  --causal             causal mask: query t sees keys j <= t + offset\n"
     "  --causal-offset N    the offset (needs --causal); default S - T (bottom-right aligned),\n"
     "                       0 is top-left (PyTorch's is_causal)\n"
     "  --scale X            logit scale (default 1/sqrt(H))\n"
-    "  --precision P        bf16 (default: q, k, v and the softmax weights enter the matmuls\n"
-    "                       rounded to bfloat16, fp32 accumulation) | f32\n"
+    "  --precision P        " + join_names(kPrecisionNames, " | ", " | ") + " (default " +
+    precision_name(Options{}.precision) + "); bf16: q, k, v and the softmax weights enter\n"
+    "                       the matmuls rounded to bfloat16, fp32 accumulation\n"
     "  --threads N          worker threads (default 0 = all cores)\n"
     "  --block-q N          query rows per block (default 0 = automatic; kernel1 and flash only)\n"
     "  --block-kv N         keys per KV block (default 0 = automatic; not for naive)\n"
@@ -61,6 +64,7 @@ constexpr const char* kHelp =
     "  --check              compare the output with the float64 reference; prints one line to\n"
     "                       stdout and fails if the derived error bounds are exceeded\n"
     "  --help               this text\n";
+}
 
 std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
@@ -76,7 +80,7 @@ TensorView kv_view(NpyArray& a, const std::string& flag, const std::string& path
   return a.view();
 }
 
-// A view of q as [B,K,G,T,H]: q is 5-D, or 4-D [B,K*G,T,H] split with kv_heads.
+// A view of q as [B,K,G,T,H]: q is 5-D, or 4-D [B,K*G,T,H] split into kv_heads x G (split_heads).
 TensorView q_view(NpyArray& q, const std::string& path, std::optional<std::int64_t> kv_heads) {
   if (q.shape.size() == 5) {
     if (kv_heads && *kv_heads != q.shape[1])
@@ -91,32 +95,17 @@ TensorView q_view(NpyArray& q, const std::string& path, std::optional<std::int64
   if (!kv_heads)
     throw Error("--q " + path + ": 4-D shape " + shape_string(q.shape) +
                 " needs --kv-heads K to split its K*G heads, expected --kv-heads or a 5-D q");
-  const std::int64_t KG = q.shape[1];
-  if (KG % *kv_heads != 0 || KG == 0)
-    throw Error("--kv-heads " + std::to_string(*kv_heads) + " does not divide the " +
-                std::to_string(KG) + " heads of q " + shape_string(q.shape) +
-                ", expected a divisor of " + std::to_string(KG));
-  return sdpa_q_view(q.data.data(), q.dtype, q.shape[0], *kv_heads, KG / *kv_heads, q.shape[2],
-                     q.shape[3]);
+  try {
+    return split_heads(q.view(), *kv_heads, "--q " + path);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (K from --kv-heads)");
+  }
 }
 
 Options parse_options(const Args& args) {
   Options o;
-  if (auto name = args.optional("algo")) {
-    try {
-      o.algorithm = parse_algorithm(*name);
-    } catch (const Error&) {
-      throw Error("--algo: unknown algorithm '" + *name +
-                  "', expected naive, chunked-unstable, chunked, kernel1 or flash");
-    }
-  }
-  if (auto name = args.optional("precision")) {
-    try {
-      o.precision = parse_precision(*name);
-    } catch (const Error&) {
-      throw Error("--precision: unknown precision '" + *name + "', expected bf16 or f32");
-    }
-  }
+  if (auto name = args.optional("algo")) o.algorithm = parse_algorithm(*name, "--algo");
+  if (auto name = args.optional("precision")) o.precision = parse_precision(*name, "--precision");
   o.causal = args.has("causal");
   if (args.has("causal-offset")) {
     if (!o.causal) throw Error("--causal-offset needs --causal, expected both or neither");
@@ -137,7 +126,10 @@ double median(std::vector<double> xs) {
 
 }  // namespace
 
-const char* attention_help() { return kHelp; }
+const char* attention_help() {
+  static const std::string help = help_text();
+  return help.c_str();
+}
 
 int attention_command(const std::vector<std::string>& words) {
   // stderr carries only the --repeat line or the error: library warnings go to stdout.

@@ -21,8 +21,11 @@ namespace {
 const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},    {"algos"},
                                       {"threads"}, {"causal", false}, {"repeats"}, {"budget"}};
 
-constexpr const char* kHelp =
-    "flashgqa bench [--out DIR] [--shape B,K,G,T,S,H] [--seq 256,512,...] [--algos a,b,...]\n"
+// The default --algos: the whole ladder, from the library's table.
+std::string default_algos() { return join_names(kAlgorithmNames, ",", ","); }
+
+std::string help_text() {
+  return "flashgqa bench [--out DIR] [--shape B,K,G,T,S,H] [--seq 256,512,...] [--algos a,b,...]\n"
     "               [--threads N] [--causal] [--repeats N] [--budget SECONDS]\n"
     "  Times each algorithm of the ladder for each T = S in --seq (one warm-up, then the median of\n"
     "  --repeats runs) next to the roofline prediction from this machine's measured ceilings\n"
@@ -33,12 +36,13 @@ constexpr const char* kHelp =
     "  --out DIR            folder for the CSV, JSON and SVG files (default: the current folder)\n"
     "  --shape B,K,G,T,S,H  B, K, G and H of the sweep; T and S come from --seq (default 1,2,4,_,_,128)\n"
     "  --seq L1,L2,...      sequence lengths (default 256,512,1024,2048,4096,8192)\n"
-    "  --algos A,B,...      algorithms (default naive,chunked-unstable,chunked,kernel1,flash)\n"
+    "  --algos A,B,...      algorithms (default " + default_algos() + ")\n"
     "  --threads N          threads (default 0 = all cores)\n"
     "  --causal             causal attention (half the FLOPs counted)\n"
     "  --repeats N          timed runs per point (default 3)\n"
     "  --budget SECONDS     skip a point whose warm-up and repeats would take longer (default 12)\n"
     "  --help               this text\n";
+}
 
 std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> parts;
@@ -66,7 +70,10 @@ std::int64_t model_block_kv(Algorithm a) { return a == Algorithm::flash ? 512 : 
 
 }  // namespace
 
-const char* bench_help() { return kHelp; }
+const char* bench_help() {
+  static const std::string help = help_text();
+  return help.c_str();
+}
 
 int bench_command(const std::vector<std::string>& words) {
   const Args args("bench", words, kFlags);
@@ -77,8 +84,8 @@ int bench_command(const std::vector<std::string>& words) {
     seq.push_back(parse_integer("--seq", w, 1, std::int64_t{1} << 24));
   if (seq.empty()) throw Error("--seq: no lengths given, expected e.g. 256,512,1024");
   std::vector<Algorithm> algos;
-  for (const std::string& w : split(args.optional("algos").value_or("naive,chunked-unstable,chunked,kernel1,flash")))
-    algos.push_back(parse_algorithm(w));
+  for (const std::string& w : split(args.optional("algos").value_or(default_algos())))
+    algos.push_back(parse_algorithm(w, "--algos"));
   if (algos.empty()) throw Error("--algos: no algorithm given");
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const bool causal = args.has("causal");

@@ -190,7 +190,7 @@ expect_error "mismatched k" "k: shape" "${run[@]}" attention --q "$d/q.npy" --k 
 expect_error "mismatched v" "v: shape" "${run[@]}" attention --q "$d/q.npy" --k "$d/k.npy" --v "$work/h32/v.npy" --out "$d/o.npy"
 expect_error "k rank" "expected rank 4" "${run[@]}" attention --q "$d/q.npy" --k "$d/q.npy" --v "$d/v.npy" --out "$d/o.npy"
 expect_error "4-D q without --kv-heads" "--kv-heads" "${run[@]}" attention --q "$q4" --k "$d/k.npy" --v "$d/v.npy" --out "$d/o.npy"
-expect_error "--kv-heads not dividing" "does not divide" "${run[@]}" attention --q "$q4" --k "$d/k.npy" --v "$d/v.npy" --out "$d/o.npy" --kv-heads 4
+expect_error "--kv-heads not dividing" "expected a multiple of K = 4 kv heads (K from --kv-heads)" "${run[@]}" attention --q "$q4" --k "$d/k.npy" --v "$d/v.npy" --out "$d/o.npy" --kv-heads 4
 expect_error "--kv-heads mismatch" "does not match" "${run[@]}" attention "${all[@]}" --kv-heads 3
 expect_error "unwritable out" "cannot open for writing" "${run[@]}" attention "${inputs[@]}" --out "$work/no/such/dir/o.npy"
 expect_error "random bad shape" "expected 6" "${run[@]}" random --shape 1,2,3 --dir "$work/x"

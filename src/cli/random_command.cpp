@@ -22,17 +22,18 @@ const std::vector<FlagSpec> kFlags = {
     {"shape"}, {"dtype"}, {"seed"}, {"scale-inputs"}, {"dir"},
 };
 
-constexpr const char* kHelp =
-    "flashgqa random --shape B,K,G,T,S,H --dir DIR [flags]\n"
+std::string help_text() {
+  return "flashgqa random --shape B,K,G,T,S,H --dir DIR [flags]\n"
     "  writes DIR/q.npy [B,K,G,T,H], DIR/k.npy and DIR/v.npy [B,K,S,H] (creating DIR if needed)\n"
     "  with normal(0,1) * X values, in that order from one generator\n"
     "\n"
     "  --shape B,K,G,T,S,H  the six dimensions, comma-separated\n"
     "  --dir DIR            output folder\n"
-    "  --dtype D            float32 | bfloat16 | float16 (default bfloat16)\n"
+    "  --dtype D            " + join_names(kDTypeNames, " | ", " | ") + " (default bfloat16)\n"
     "  --seed N             generator seed, an integer >= 0 (default 0); same seed, same files\n"
     "  --scale-inputs X     multiplies every value (default 1)\n"
     "  --help               this text\n";
+}
 
 constexpr double kTwoToMinus53 = 0x1p-53;
 
@@ -60,12 +61,6 @@ class NormalSource {
   bool has_spare_ = false;
 };
 
-DType parse_dtype(const std::string& name) {
-  for (DType d : {DType::f32, DType::bf16, DType::f16})
-    if (name == dtype_name(d)) return d;
-  throw Error("--dtype: unknown dtype '" + name + "', expected float32, bfloat16 or float16");
-}
-
 // Element count of `shape`; throws Error when it, or its size as float32 bytes, overflows 64 bits.
 std::int64_t checked_numel(const std::vector<std::int64_t>& shape, const char* tensor) {
   for (std::int64_t d : shape)
@@ -92,7 +87,10 @@ void write_random(const std::string& path, const std::vector<std::int64_t>& shap
 
 }  // namespace
 
-const char* random_help() { return kHelp; }
+const char* random_help() {
+  static const std::string help = help_text();
+  return help.c_str();
+}
 
 int random_command(const std::vector<std::string>& words) {
   const Args args("random", words, kFlags);
@@ -100,7 +98,7 @@ int random_command(const std::vector<std::string>& words) {
       parse_integer_list("--shape", args.required("shape"), 6, 0, INT64_MAX);
   const std::int64_t B = dims[0], K = dims[1], G = dims[2], T = dims[3], S = dims[4], H = dims[5];
   const std::string dir = args.required("dir");
-  const DType dtype = parse_dtype(args.optional("dtype").value_or("bfloat16"));
+  const DType dtype = parse_dtype(args.optional("dtype").value_or("bfloat16"), "--dtype");
   const auto seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, INT64_MAX));
   const double scale = args.real("scale-inputs", 1.0);
   const std::vector<std::int64_t> q_shape = {B, K, G, T, H}, kv_shape = {B, K, S, H};

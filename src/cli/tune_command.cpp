@@ -68,7 +68,7 @@ int tune_command(const std::vector<std::string>& words) {
   o.algorithm = Algorithm::flash;
   o.causal = args.has("causal");
   o.threads = threads;
-  o.precision = parse_precision(args.optional("precision").value_or("bf16"));
+  o.precision = parse_precision(args.optional("precision").value_or("bf16"), "--precision");
 
   study::BenchInputs inputs(s, 1);
   std::printf("flash on B,K,G,T,S,H = %s%s, %d threads, %s path: median ms of %d runs\n",

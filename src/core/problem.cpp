@@ -1,12 +1,15 @@
-// Validation of the public views and options into a Problem, plus the small public helpers
-// (dtype and algorithm names, layout views).
+// Validation of the public views and options into a Problem (make_problem and its checks). The
+// enums' names and parsers are in names.cpp, the views (contiguous_view, split_heads, ...) in
+// views.cpp.
 #include "core/problem.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
-#include <sstream>
 #include <string>
+
+#include "core/error_text.hpp"
+#include "core/names.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -15,25 +18,7 @@
 namespace flashgqa {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw Error(message); }
-
-std::string shape_string(const TensorView& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int d = 0; d < t.rank; ++d) os << (d ? "," : "") << t.shape[static_cast<std::size_t>(d)];
-  os << ']';
-  return os.str();
-}
-
-std::string stride_string(const TensorView& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int d = 0; d < t.rank; ++d) os << (d ? "," : "") << t.stride[static_cast<std::size_t>(d)];
-  os << ']';
-  return os.str();
-}
-
-bool valid_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+bool valid_dtype(DType d) { return find_name(kDTypeNames, d) != nullptr; }
 
 // Byte range [lo, hi) that a view touches; checks that every offset fits in 64 bits.
 struct Extent {
@@ -66,7 +51,7 @@ void check_view(const TensorView& t, const char* name, int rank, const char* lay
          std::to_string(rank) + " " + layout);
   if (!valid_dtype(t.dtype))
     fail(std::string(name) + ": unknown dtype code " + std::to_string(static_cast<int>(t.dtype)) +
-         ", expected float32, bfloat16 or float16");
+         ", expected " + join_names(kDTypeNames));
   for (int d = 0; d < rank; ++d)
     if (t.shape[static_cast<std::size_t>(d)] < 0)
       fail(std::string(name) + ": negative dimension in shape " + shape_string(t));
@@ -139,107 +124,10 @@ void check_blocks(Algorithm algorithm, std::int64_t block_q, std::int64_t block_
       return;
   }
   fail("algorithm: unknown algorithm code " + std::to_string(static_cast<int>(algorithm)) +
-       ", expected naive, chunked-unstable, chunked, kernel1 or flash");
+       ", expected " + join_names(kAlgorithmNames));
 }
 
 }  // namespace
-
-std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f16: return "float16";
-  }
-  return "unknown";
-}
-
-const char* algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::naive: return "naive";
-    case Algorithm::chunked_unstable: return "chunked-unstable";
-    case Algorithm::chunked: return "chunked";
-    case Algorithm::kernel1: return "kernel1";
-    case Algorithm::flash: return "flash";
-  }
-  return "unknown";
-}
-
-Algorithm parse_algorithm(const std::string& name) {
-  for (Algorithm a : {Algorithm::naive, Algorithm::chunked_unstable, Algorithm::chunked,
-                      Algorithm::kernel1, Algorithm::flash})
-    if (name == algorithm_name(a)) return a;
-  fail("algorithm: '" + name + "', expected naive, chunked-unstable, chunked, kernel1 or flash");
-}
-
-const char* precision_name(Precision precision) {
-  return precision == Precision::bf16 ? "bf16" : "f32";
-}
-
-Precision parse_precision(const std::string& name) {
-  if (name == "bf16") return Precision::bf16;
-  if (name == "f32") return Precision::f32;
-  fail("precision: '" + name + "', expected bf16 or f32");
-}
-
-std::int64_t TensorView::numel() const {
-  std::int64_t n = 1;  // saturates at INT64_MAX instead of overflowing
-  for (int d = 0; d < rank; ++d)
-    if (__builtin_mul_overflow(n, shape[static_cast<std::size_t>(d)], &n)) return INT64_MAX;
-  return n;
-}
-
-TensorView contiguous_view(void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  if (shape.size() > static_cast<std::size_t>(TensorView::kMaxRank))
-    fail("shape: rank " + std::to_string(shape.size()) + ", expected at most 5");
-  t.rank = static_cast<int>(shape.size());
-  std::int64_t stride = 1;
-  for (int d = t.rank - 1; d >= 0; --d) {
-    const auto i = static_cast<std::size_t>(d);
-    t.shape[i] = shape.begin()[i];
-    t.stride[i] = stride;
-    stride *= t.shape[i];
-  }
-  return t;
-}
-
-TensorView contiguous_view(const void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
-  return contiguous_view(const_cast<void*>(data), dtype, shape);
-}
-
-TensorView sdpa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
-                       std::int64_t T, std::int64_t H) {
-  // [B, K*G, T, H] contiguous: head index K*G splits into (k, g) with g fastest.
-  return contiguous_view(data, dtype, {B, K, G, T, H});
-}
-
-TensorView fa_q_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t G,
-                     std::int64_t T, std::int64_t H) {
-  // [B, T, K*G, H] contiguous viewed as [B, K, G, T, H].
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.rank = 5;
-  t.shape = {B, K, G, T, H};
-  t.stride = {T * K * G * H, G * H, H, K * G * H, 1};
-  return t;
-}
-
-TensorView fa_kv_view(void* data, DType dtype, std::int64_t B, std::int64_t K, std::int64_t S,
-                      std::int64_t H) {
-  // [B, S, K, H] contiguous viewed as [B, K, S, H].
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.rank = 4;
-  t.shape = {B, K, S, H};
-  t.stride = {S * K * H, H, K * H, 1};
-  return t;
-}
 
 int resolve_threads(int requested) {
   if (requested < 0)

@@ -157,24 +157,5 @@ TEST(Problem, OptionsOutOfRange) {
   expect_error(w, w.ov, w.qv, w.kv, w.vv, o, {"algorithm", "42"});
 }
 
-TEST(Problem, NamesParse) {
-  for (Algorithm a : {Algorithm::naive, Algorithm::chunked_unstable, Algorithm::chunked, Algorithm::kernel1,
-                      Algorithm::flash})
-    EXPECT_EQ(parse_algorithm(algorithm_name(a)), a);
-  EXPECT_THROW(parse_algorithm("fast"), Error);
-  EXPECT_EQ(parse_precision("f32"), Precision::f32);
-  EXPECT_THROW(parse_precision("fp8"), Error);
-}
-
-TEST(Problem, LayoutViewsDescribeTheSameElements) {
-  // FlashAttention's q [B, T, K*G, H]: element (b, k, g, t, h) at ((b*T + t)*K*G + k*G + g)*H + h.
-  const TensorView q = fa_q_view(nullptr, DType::f32, 2, 3, 4, 5, 8);
-  const std::int64_t b = 1, kh = 2, g = 3, t = 4, h = 7;
-  EXPECT_EQ(b * q.stride[0] + kh * q.stride[1] + g * q.stride[2] + t * q.stride[3] + h,
-            ((b * 5 + t) * 12 + kh * 4 + g) * 8 + h);
-  const TensorView k = fa_kv_view(nullptr, DType::f32, 2, 3, 6, 8);
-  EXPECT_EQ(b * k.stride[0] + kh * k.stride[1] + 5 * k.stride[2] + h, ((b * 6 + 5) * 3 + kh) * 8 + h);
-}
-
 }  // namespace
 }  // namespace flashgqa
