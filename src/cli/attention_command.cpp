@@ -13,6 +13,7 @@
 #include "core/problem.hpp"
 #include "io/npy.hpp"
 #include "kernels/cpu_features.hpp"
+#include "study/roofline.hpp"
 #include "study/tune_cache.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
@@ -172,9 +173,8 @@ int attention_command(const std::vector<std::string>& words) {
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     const double median_ms = median(ms);
-    double flops = 4.0 * static_cast<double>(B) * static_cast<double>(K) * static_cast<double>(G) *
-                   static_cast<double>(T) * static_cast<double>(S) * static_cast<double>(H);
-    if (options.causal) flops /= 2.0;
+    // The work done: the (query, key) pairs the mask lets through.
+    const double flops = study::attention_flops(make_problem(out_view, nullptr, qv, kv, vv, options));
     const double gflops = flops / (std::max(median_ms, 1e-9) * 1e6);
     std::fprintf(stderr, "%s: median %.3f ms over %lld runs, %.2f GFLOP/s\n",
                  algorithm_name(options.algorithm), median_ms, static_cast<long long>(repeat),
