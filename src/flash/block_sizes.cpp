@@ -1,9 +1,6 @@
 #include "flash/block_sizes.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
 #include <string>
 
 namespace flashgqa {
@@ -11,52 +8,7 @@ namespace {
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-// "32K", "1024K", "1M" -> bytes; 0 when unreadable.
-std::int64_t read_sysfs_size(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (!(f >> s) || s.empty()) return 0;
-  std::int64_t mult = 1;
-  if (s.back() == 'K')
-    mult = 1024, s.pop_back();
-  else if (s.back() == 'M')
-    mult = 1024 * 1024, s.pop_back();
-  try {
-    return std::stoll(s) * mult;
-  } catch (...) {
-    return 0;
-  }
-}
-
-CacheSizes detect_caches() {
-  CacheSizes c;
-  std::int64_t l1 = 0, l2 = 0;
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-  l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-  for (int i = 0; i < 8 && (l1 <= 0 || l2 <= 0); ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-    std::ifstream level_f(dir + "level"), type_f(dir + "type");
-    int level = 0;
-    std::string type;
-    if (!(level_f >> level) || !(type_f >> type)) continue;
-    const std::int64_t size = read_sysfs_size(dir + "size");
-    if (level == 1 && type == "Data" && l1 <= 0) l1 = size;
-    if (level == 2 && l2 <= 0) l2 = size;
-  }
-  // Sanity range: anything outside is a misreport (some VMs say 0 or the whole-socket size).
-  if (l1 >= 8 * 1024 && l1 <= 1024 * 1024) c.l1d = l1;
-  if (l2 >= 128 * 1024 && l2 <= 64 * 1024 * 1024) c.l2 = l2;
-  return c;
-}
-
 }  // namespace
-
-const CacheSizes& cache_sizes() {
-  static const CacheSizes c = detect_caches();
-  return c;
-}
 
 std::int64_t flash_workspace_bytes(const Problem& p, const FlashKernels& k, const FlashBlocks& b) {
   const std::int64_t Hp = round_up(p.H, kHTile);
@@ -69,7 +21,7 @@ std::int64_t flash_workspace_bytes(const Problem& p, const FlashKernels& k, cons
 }
 
 FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k) {
-  return choose_flash_blocks(p, k, cache_sizes());
+  return choose_flash_blocks(p, k, kNominalCaches);
 }
 
 FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k, const CacheSizes& caches) {
