@@ -28,9 +28,12 @@ void run(flashgqa::Algorithm algorithm, std::int64_t T, std::int64_t S, bool cau
   constexpr std::int64_t B = 1, K = 2, G = 4, H = 64;
   std::vector<float> q(B * K * G * T * H), k(B * K * S * H), v(B * K * S * H), out(q.size()),
       lse(B * K * G * T);
-  std::uint32_t state = 1;
+  std::uint32_t state = 1;  // a linear congruential generator: no <random>, nothing to seed from
   for (std::vector<float>* x : {&q, &k, &v})
-    for (float& e : *x) e = static_cast<float>((state = state * 1664525u + 1013904223u) >> 8) / (1 << 23) - 1;
+    for (float& e : *x) {
+      state = state * 1664525u + 1013904223u;
+      e = static_cast<float>(state >> 8) / (1 << 23) - 1;
+    }
   using flashgqa::DType;
   flashgqa::Options o;
   o.algorithm = algorithm;
