@@ -4,7 +4,8 @@
 //   on the same number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
 //   other work lowers both; decode (T = 1) also reports K/V bytes read per second and pct_dram against
 //   the DRAM read bandwidth measured right before. Inputs are random bf16 q, k, v and a bf16 output,
-//   through the public attention() call, so the benchmark runs exactly the shipped code.
+//   through the public attention() call with its default blocks (no tune cache: what a library user
+//   gets), so the benchmark runs exactly the shipped code.
 //
 // Each benchmark runs 5 repetitions unless --benchmark_repetitions says otherwise; read the _median
 // rows. Kernel-level benchmarks (qk_tile, softmax_tile, pv_tile on L1/L2-resident tiles) come first;

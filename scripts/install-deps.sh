@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flashgqa needs to build and test, on a fresh Debian machine: a C++20 compiler with
-# OpenMP, CMake, GoogleTest and Google Benchmark. Does nothing for what is already there.
+# OpenMP, CMake, GoogleTest, Google Benchmark, and strace (the tests that a library call opens no
+# file). Does nothing for what is already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
@@ -8,6 +9,7 @@ command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
 dpkg -s libbenchmark-dev >/dev/null 2>&1 || need+=(libbenchmark-dev)
+command -v strace >/dev/null 2>&1 || need+=(strace)
 if ((${#need[@]})); then
   echo "install-deps: installing ${need[*]}" >&2
   SUDO=""

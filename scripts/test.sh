@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds flashgqa (Release) and runs every test through ctest, then the Python package's tests.
+# Builds flashgqa (Release) and runs every test through ctest, builds and runs examples/cpp against the
+# installed package, then the Python package's tests.
 #   FLASHGQA_SANITIZE=1 scripts/test.sh   builds in build-asan with AddressSanitizer + UBSan instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,20 @@ else
 fi
 cmake --build "$dir" -j "$jobs"
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+
+# The installed C++ package (examples/cpp): install into a prefix inside the build folder, then build
+# and run the example project against it, as another project would use it (find_package).
+prefix=$dir/install-test
+rm -rf "$prefix" "$dir/example"
+cmake --install "$dir" --prefix "$prefix" >/dev/null
+example_flags=()
+if [ "${FLASHGQA_SANITIZE:-0}" = 1 ]; then  # the installed library is instrumented: so is its user
+  example_flags=(-DCMAKE_CXX_FLAGS="-fsanitize=address,undefined" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined")
+fi
+cmake -S examples/cpp -B "$dir/example" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/$prefix" \
+  "${example_flags[@]}" >/dev/null
+cmake --build "$dir/example" -j "$jobs"
+"$dir/example/flashgqa_example"
 
 # The Python package (python/README.md): install it from this tree and run its tests. Skipped under
 # the sanitizers (a sanitized library cannot be loaded into an uninstrumented Python). torch is

@@ -19,6 +19,10 @@
 // gives output 0 and lse -inf. A NaN in a q, k or v element that takes part in a visible (query, key)
 // pair reaches that query's output (a NaN in the v of a masked key may or may not: blocked algorithms
 // multiply it by a zero weight).
+//
+// A call opens no files (no cache or tuning results, nothing under /proc or /sys); of the machine it
+// uses only the instruction set (cpuid, or FLASHGQA_ISA) and the cores. The same input and options
+// give the same bits on every machine that runs the same instruction-set path.
 #pragma once
 
 #include <array>
@@ -145,7 +149,10 @@ struct Options {
   // FlashAttention); 0 is top-left (as PyTorch SDPA's is_causal).
   std::optional<std::int64_t> causal_offset;
   Precision precision = Precision::bf16;
-  // Rows of q per block and keys per KV block; 0 = chosen automatically.
+  // Rows of q per block and keys per KV block; 0 = chosen automatically, from the shape, the
+  // instruction set and a fixed, nominal cache model (32 KiB L1d, 1 MiB L2 per core), never from the
+  // caches of the machine at hand: block sizes change the rounding. Blocks measured for a machine
+  // (`flashgqa tune`, which the flashgqa tool reuses itself) reach a library call only through here.
   std::int64_t block_q = 0;
   std::int64_t block_kv = 0;
   // Worker threads; 0 = all cores.

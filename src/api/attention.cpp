@@ -1,16 +1,14 @@
-// The public entry points: validate once into a Problem, then hand it to the chosen rung. flash with
-// both block sizes automatic takes the blocks `flashgqa tune` stored for the shape's class, if any.
+// The public entry points: validate once into a Problem, then hand it to the chosen rung. A call reads
+// no files: blocks tuned for a machine come in through Options (the tools look them up, see
+// src/study/tune_cache.hpp).
 #include "flashgqa/flashgqa.hpp"
-#include "kernels/cpu_features.hpp"
 #include "ladder/ladder.hpp"
-#include "study/tune_cache.hpp"
 
 namespace flashgqa {
 namespace {
 
-void run(Problem p, Algorithm algorithm) {
+void run(const Problem& p, Algorithm algorithm) {
   if (p.B * p.K * p.G * p.T == 0) return;  // nothing to write
-  if (algorithm == Algorithm::flash) study::apply_tuned_blocks(p, isa_name(active_isa()));
   run_algorithm(p, algorithm);
 }
 

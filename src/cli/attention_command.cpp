@@ -133,7 +133,7 @@ const char* attention_help() {
 }
 
 int attention_command(const std::vector<std::string>& words) {
-  // stderr carries only the --repeat line or the error: library warnings go to stdout.
+  // stderr carries only the --repeat line or the error: tune cache warnings go to stdout.
   study::set_tune_warning_sink([](const std::string& m) { std::printf("flashgqa: warning: %s\n", m.c_str()); });
   const Args args("attention", words, kFlags);
   const std::string q_path = args.required("q"), k_path = args.required("k"),
@@ -156,11 +156,16 @@ int attention_command(const std::vector<std::string>& words) {
   const TensorView out_view = contiguous_view(out.data(), q.dtype, {B, K, G, T, H});
   std::vector<float> lse(lse_path ? static_cast<std::size_t>(B * K * G * T) : 0);
   const TensorView lse_view = contiguous_view(lse.data(), DType::f32, {B, K, G, T});
+  // Validated before anything runs (the library's own messages), and for --check below.
+  const Problem p = make_problem(out_view, lse_path ? &lse_view : nullptr, qv, kv, vv, options);
+  // The tool's opt-in to tuning (the library reads no files): flash with both block sizes automatic
+  // takes the blocks `flashgqa tune` stored for the shape's class, if any.
+  const Options run_options = study::with_tuned_blocks(options, study::Shape{B, K, G, T, S, H});
   auto compute = [&] {
     if (lse_path)
-      attention(out_view, lse_view, qv, kv, vv, options);
+      attention(out_view, lse_view, qv, kv, vv, run_options);
     else
-      attention(out_view, qv, kv, vv, options);
+      attention(out_view, qv, kv, vv, run_options);
   };
 
   compute();  // the single run, or the warm-up before timing
@@ -190,7 +195,6 @@ int attention_command(const std::vector<std::string>& words) {
   }
 
   if (args.has("check")) {
-    const Problem p = make_problem(out_view, lse_path ? &lse_view : nullptr, qv, kv, vv, options);
     const ReferenceResult ref = reference_attention(p);
     const ErrorReport r = check_against_reference(p, ref, /*linear=*/false);
     std::string line;

@@ -14,6 +14,7 @@
 #include "study/ceilings.hpp"
 #include "study/report.hpp"
 #include "study/timing.hpp"
+#include "study/tune_cache.hpp"
 
 namespace flashgqa::cli {
 namespace {
@@ -143,6 +144,8 @@ int bench_command(const std::vector<std::string>& words) {
         o.algorithm = a;
         o.causal = causal;
         o.threads = threads;
+        // The tool's opt-in to tuning: flash takes the blocks `flashgqa tune` stored, if any.
+        o = study::with_tuned_blocks(o, row.shape);
         const study::Timing t = study::time_attention(inputs, o, repeats);
         row.repeats = t.repeats;
         row.median_s = t.median_s;

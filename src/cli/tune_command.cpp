@@ -1,6 +1,7 @@
 // flashgqa tune: measures flash over a grid of block_q x block_kv for one shape (the seed's block-size
 // lever: (512, 2048) against (256, 4096) on the TPU), prints the grid, and stores the best blocks in
-// the tune cache, which flash then uses for shapes of that class when no blocks are given.
+// the tune cache, which `flashgqa attention` and `flashgqa bench` then pass to flash for shapes of that
+// class when no blocks are given (the library itself never reads it).
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -24,9 +25,10 @@ constexpr const char* kHelp =
     "              [--block-q 16,32,...] [--block-kv 128,256,...] [--precision bf16|f32] [--no-store]\n"
     "  Times flash for every block_q x block_kv pair (one warm-up, then the median of --repeats runs),\n"
     "  prints the grid in ms, and stores the fastest pair in the tune cache ($FLASHGQA_TUNE_CACHE, else\n"
-    "  $XDG_CACHE_HOME/flashgqa/tune.tsv or ~/.cache/flashgqa/tune.tsv). flash uses it for shapes of\n"
-    "  the same class (G, H, causal, precision, instruction set, and T and S rounded up to a power of\n"
-    "  two) whenever both block sizes are left automatic, on any number of threads.\n"
+    "  $XDG_CACHE_HOME/flashgqa/tune.tsv or ~/.cache/flashgqa/tune.tsv). flashgqa attention and bench\n"
+    "  use it for flash on shapes of the same class (G, H, causal, precision, instruction set, and T\n"
+    "  and S rounded up to a power of two) whenever both block sizes are left automatic, on any number\n"
+    "  of threads. The library (C++ and Python) never reads it: pass the blocks to use them there.\n"
     "\n"
     "  --shape B,K,G,T,S,H  the shape (required)\n"
     "  --threads N          threads (default 0 = all cores)\n"

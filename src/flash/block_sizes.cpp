@@ -1,87 +1,36 @@
 #include "flash/block_sizes.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
 #include <string>
 
 namespace flashgqa {
-namespace {
-
-// "32K", "1024K", "1M" -> bytes; 0 when unreadable.
-std::int64_t read_sysfs_size(const std::string& path) {
-  std::ifstream f(path);
-  std::string s;
-  if (!(f >> s) || s.empty()) return 0;
-  std::int64_t mult = 1;
-  if (s.back() == 'K')
-    mult = 1024, s.pop_back();
-  else if (s.back() == 'M')
-    mult = 1024 * 1024, s.pop_back();
-  try {
-    return std::stoll(s) * mult;
-  } catch (...) {
-    return 0;
-  }
-}
-
-CacheSizes detect_caches() {
-  CacheSizes c;
-  std::int64_t l1 = 0, l2 = 0;
-#ifdef _SC_LEVEL1_DCACHE_SIZE
-  l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-  for (int i = 0; i < 8 && (l1 <= 0 || l2 <= 0); ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
-    std::ifstream level_f(dir + "level"), type_f(dir + "type");
-    int level = 0;
-    std::string type;
-    if (!(level_f >> level) || !(type_f >> type)) continue;
-    const std::int64_t size = read_sysfs_size(dir + "size");
-    if (level == 1 && type == "Data" && l1 <= 0) l1 = size;
-    if (level == 2 && l2 <= 0) l2 = size;
-  }
-  // Sanity range: anything outside is a misreport (some VMs say 0 or the whole-socket size).
-  if (l1 >= 8 * 1024 && l1 <= 1024 * 1024) c.l1d = l1;
-  if (l2 >= 128 * 1024 && l2 <= 64 * 1024 * 1024) c.l2 = l2;
-  return c;
-}
-
-}  // namespace
-
-const CacheSizes& cache_sizes() {
-  static const CacheSizes c = detect_caches();
-  return c;
-}
 
 std::int64_t flash_workspace_bytes(const Problem& p, const FlashKernels& k, const FlashBlocks& b) {
   const std::int64_t Hp = round_up(p.H, kHTile);
   const std::int64_t rows = round_up(p.G * b.bq, k.mr);
   const std::int64_t npad = round_up(b.bkv, kPanelKeys);
-  const std::int64_t ob = k.operand_bytes;
-  return rows * Hp * (ob + 4) + rows * 8 +  // Q rows, O rows, m and l
-         2 * npad * Hp * ob +               // packed K and V block
-         k.mr * npad * (4 + ob);            // S and P tiles
+  const std::int64_t operand_bytes = k.operand_bytes;
+  return rows * Hp * (operand_bytes + 4) + rows * 8 +  // Q rows, O rows, m and l
+         2 * npad * Hp * operand_bytes +               // packed K and V block
+         k.mr * npad * (4 + operand_bytes);            // S and P tiles
 }
 
 FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k) {
-  return choose_flash_blocks(p, k, cache_sizes());
+  return choose_flash_blocks(p, k, kNominalCaches);
 }
 
 FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k, const CacheSizes& caches) {
   const std::int64_t Hp = round_up(p.H, kHTile);
-  const std::int64_t ob = k.operand_bytes;
+  const std::int64_t operand_bytes = k.operand_bytes;
   FlashBlocks b;
   // bkv: the packed K+V block in a quarter of L2, the S and P tiles of one row tile in half of L1;
   // a multiple of the panel width, at least one panel, at most 512 (beyond, the per-block work is
   // already amortised and only the causal diagonal waste grows).
-  std::int64_t bkv = std::min(caches.l2 / 4 / (2 * Hp * ob), caches.l1d / 2 / (k.mr * (4 + ob)));
+  std::int64_t bkv = std::min(caches.l2 / 4 / (2 * Hp * operand_bytes), caches.l1d / 2 / (k.mr * (4 + operand_bytes)));
   bkv = std::clamp<std::int64_t>(bkv / kPanelKeys * kPanelKeys, kPanelKeys, 512);
   // bq: the task's packed Q and fp32 O rows in a quarter of L2, rows a multiple of the register tile
   // when G allows it.
-  std::int64_t rows = caches.l2 / 4 / (Hp * (ob + 4));
+  std::int64_t rows = caches.l2 / 4 / (Hp * (operand_bytes + 4));
   rows = std::max<std::int64_t>(rows / k.mr * k.mr, k.mr);
   std::int64_t bq = std::max<std::int64_t>(rows / p.G, 1);
   b.bq = p.block_q > 0 ? p.block_q : bq;
@@ -89,7 +38,7 @@ FlashBlocks choose_flash_blocks(const Problem& p, const FlashKernels& k, const C
   // tiles are small whatever bkv is; larger blocks measured faster there (fewer, longer packing
   // streams from DRAM): the L2 bound alone.
   if (p.G * std::min(b.bq, std::max<std::int64_t>(p.T, 1)) <= k.mr)
-    bkv = std::clamp<std::int64_t>(caches.l2 / 4 / (2 * Hp * ob) / kPanelKeys * kPanelKeys, kPanelKeys, 512);
+    bkv = std::clamp<std::int64_t>(caches.l2 / 4 / (2 * Hp * operand_bytes) / kPanelKeys * kPanelKeys, kPanelKeys, 512);
   b.bkv = p.block_kv > 0 ? p.block_kv : bkv;
   // Never larger than the problem.
   b.bq = std::max<std::int64_t>(std::min(b.bq, p.T), 1);

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "kernels/cpu_features.hpp"
+
 namespace flashgqa::study {
 namespace {
 
@@ -199,6 +201,22 @@ bool apply_tuned_blocks(Problem& p, const std::string& isa) {
   p.block_q = tuned->block_q;
   p.block_kv = tuned->block_kv;
   return true;
+}
+
+Options with_tuned_blocks(Options options, const Shape& shape) {
+  if (options.algorithm != Algorithm::flash) return options;
+  if (shape.B * shape.K * shape.G * shape.T == 0) return options;  // nothing is computed
+  Problem p;
+  p.G = shape.G, p.H = shape.H, p.T = shape.T, p.S = shape.S;
+  p.causal = options.causal;
+  p.precision = options.precision;
+  p.block_q = options.block_q;
+  p.block_kv = options.block_kv;
+  if (apply_tuned_blocks(p, isa_name(active_isa()))) {
+    options.block_q = p.block_q;
+    options.block_kv = p.block_kv;
+  }
+  return options;
 }
 
 void set_tune_warning_sink(void (*sink)(const std::string& message)) {

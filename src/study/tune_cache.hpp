@@ -1,5 +1,7 @@
-// The block-size cache written by `flashgqa tune` and read by flash when the caller leaves both block
-// sizes at 0. One text file, tab-separated, first line a magic header:
+// The block-size cache written by `flashgqa tune`. The library never reads it (a library call reads no
+// files): the tools opt in, looking blocks up here and passing them through Options::block_q/block_kv
+// when the caller left both at 0 (`flashgqa attention`, `flashgqa bench`: with_tuned_blocks below).
+// One text file, tab-separated, first line a magic header:
 //   # flashgqa tune cache v1
 //   cpu  isa  G  H  causal  precision  t_class  s_class  threads  block_q  block_kv  ms
 // A shape's class is (G, H, causal, precision, ceil(log2 T), ceil(log2 S)) on one CPU model and
@@ -16,6 +18,7 @@
 
 #include "core/problem.hpp"
 #include "flashgqa/flashgqa.hpp"
+#include "study/roofline.hpp"
 
 namespace flashgqa::study {
 
@@ -68,5 +71,10 @@ void set_tune_warning_sink(void (*sink)(const std::string& message));
 // For flash with both block sizes automatic (0): sets p.block_q and p.block_kv to the tuned pair of
 // the problem's class on instruction set `isa`, if the cache has one. Returns whether it did.
 bool apply_tuned_blocks(Problem& p, const std::string& isa);
+
+// The tools' opt-in: `options` for a problem of `shape` with the tuned pair of its class on the active
+// instruction set (active_isa()) when they ask for flash with both block sizes automatic and the
+// cache has one (apply_tuned_blocks); `options` unchanged otherwise.
+Options with_tuned_blocks(Options options, const Shape& shape);
 
 }  // namespace flashgqa::study

@@ -1,4 +1,5 @@
-// The tune cache: round trip, replacement, and foreign or corrupt files ignored with a warning.
+// The tune cache: round trip, replacement, the tools' opt-in through Options, and foreign or corrupt
+// files ignored with a warning.
 #include "study/tune_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -6,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+
+#include "kernels/cpu_features.hpp"
 
 namespace flashgqa::study {
 namespace {
@@ -98,6 +101,38 @@ TEST(TuneCache, FlashTakesTunedBlocksOnlyWhenBothAreAutomatic) {
   Problem causal = other_isa;
   causal.causal = true;
   EXPECT_FALSE(apply_tuned_blocks(causal, "avx512bf16"));  // another class
+  ::unsetenv("FLASHGQA_TUNE_CACHE");
+  reload_tune_cache();
+}
+
+TEST(TuneCache, ToolsOptInThroughOptionsForFlashWithAutomaticBlocks) {
+  const std::string path = temp_path("options.tsv");
+  std::filesystem::remove(path);
+  const Shape shape{1, 2, 4, 3000, 4096, 128};  // B, K, G, T, S, H
+  TuneEntry e;
+  e.key = make_tune_key(isa_name(active_isa()), shape.G, shape.H, shape.T, shape.S, false,
+                        Precision::bf16);
+  e.block_q = 48;
+  e.block_kv = 320;
+  store_tune_entry(path, e);
+  ::setenv("FLASHGQA_TUNE_CACHE", path.c_str(), 1);
+  reload_tune_cache();
+  const Options tuned = with_tuned_blocks(Options{}, shape);
+  EXPECT_EQ(tuned.block_q, 48);
+  EXPECT_EQ(tuned.block_kv, 320);
+  Options explicit_blocks;
+  explicit_blocks.block_kv = 64;  // explicit blocks win
+  EXPECT_EQ(with_tuned_blocks(explicit_blocks, shape).block_q, 0);
+  EXPECT_EQ(with_tuned_blocks(explicit_blocks, shape).block_kv, 64);
+  Options kernel1;
+  kernel1.algorithm = Algorithm::kernel1;  // flash only
+  EXPECT_EQ(with_tuned_blocks(kernel1, shape).block_q, 0);
+  Options causal;
+  causal.causal = true;  // another class
+  EXPECT_EQ(with_tuned_blocks(causal, shape).block_q, 0);
+  Shape empty = shape;
+  empty.T = 0;  // nothing computed, nothing looked up
+  EXPECT_EQ(with_tuned_blocks(Options{}, empty).block_q, 0);
   ::unsetenv("FLASHGQA_TUNE_CACHE");
   reload_tune_cache();
 }
