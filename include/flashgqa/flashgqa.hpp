@@ -150,7 +150,7 @@ struct Options {
   std::optional<std::int64_t> causal_offset;
   Precision precision = Precision::bf16;
   // Rows of q per block and keys per KV block; 0 = chosen automatically, from the shape, the
-  // instruction set and a fixed, nominal cache model (32 KiB L1d, 1 MiB L2 per core), never from the
+  // instruction set and a fixed, nominal cache model (48 KiB L1d, 1 MiB L2 per core), never from the
   // caches of the machine at hand: block sizes change the rounding. Blocks measured for a machine
   // (`flashgqa tune`, which the flashgqa tool reuses itself) reach a library call only through here.
   std::int64_t block_q = 0;

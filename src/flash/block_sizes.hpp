@@ -6,7 +6,7 @@
 //     rows, so they must stay in L2 next to the task's packed Q and fp32 O rows;
 //   - a row tile's logits and weights (MR * bkv * (4 + operand bytes)) are written and read back at
 //     once, so they should stay in L1 (except in decode, where a task is a single, small row tile).
-// The default blocks use a fixed, nominal cache model (kNominalCaches: 32 KiB L1d, 1 MiB L2 per
+// The default blocks use a fixed, nominal cache model (kNominalCaches: 48 KiB L1d, 1 MiB L2 per
 // core), never the caches of the machine at hand: block sizes change the rounding, so detected
 // sizes would give the same input different bits on two machines. The library detects nothing and
 // reads no files; an input gives the same bits on every machine that runs the same instruction-set
@@ -23,11 +23,12 @@
 namespace flashgqa {
 
 struct CacheSizes {
-  std::int64_t l1d = 32 * 1024;   // bytes per core
+  std::int64_t l1d = 48 * 1024;   // bytes per core
   std::int64_t l2 = 1024 * 1024;  // bytes per core
 };
 
-// The cache model of the default blocks (the development machine's Zen 4 caches, see above).
+// The cache model of the default blocks: the L1d of current x86 server cores (Zen 5, Sapphire Rapids)
+// and a 1 MiB L2 (docs/performance.md, "Block sizes").
 inline constexpr CacheSizes kNominalCaches{};
 
 struct FlashBlocks {
