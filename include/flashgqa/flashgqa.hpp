@@ -155,7 +155,8 @@ struct Options {
   // (`flashgqa tune`, which the flashgqa tool reuses itself) reach a library call only through here.
   std::int64_t block_q = 0;
   std::int64_t block_kv = 0;
-  // Worker threads; 0 = all cores.
+  // Worker threads; 0 = all cores (OMP_NUM_THREADS when set). A larger count than the machine's
+  // processors (or OMP_NUM_THREADS, if larger) is capped to it; results do not depend on the count.
   int threads = 0;
 };
 

@@ -150,6 +150,11 @@ int attention_command(const std::vector<std::string>& words) {
   const TensorView kv = kv_view(k, "--k", k_path), vv = kv_view(v, "--v", v_path);
   const std::int64_t B = qv.shape[0], K = qv.shape[1], G = qv.shape[2], T = qv.shape[3],
                      H = qv.shape[4], S = kv.shape[2];
+  // Everything is checked before anything is allocated or computed: the inputs (the library's own
+  // messages), then that the outputs can be written.
+  check_inputs(qv, kv, vv, options);
+  check_writable_npy(out_path);
+  if (lse_path) check_writable_npy(*lse_path);
 
   // out [B,K,G,T,H] in q's dtype; lse [B,K,G,T] fp32.
   std::vector<std::byte> out(q.data.size());

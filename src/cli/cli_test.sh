@@ -231,5 +231,29 @@ expect_error "bench bad algo" "algorithm" "${run[@]}" bench --algos fast
 expect_error "attention bad isa" "isa" "${run[@]}" attention "${all[@]}" --isa sse9
 unset XDG_CACHE_HOME FLASHGQA_TUNE_CACHE
 
+# Validation before allocation: a q.npy of [1,1,1,2^28,0] (no data, H = 0) must be rejected before the
+# 1 GiB lse is allocated (under a 400 MB address-space limit where the sanitizers allow one).
+# npy_empty PATH SHAPE: a float32 .npy with no elements (header only), SHAPE as in "1, 2, 0".
+npy_empty() {
+  local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($2), }"
+  local len=$(((10 + ${#dict} + 1 + 63) / 64 * 64 - 10))
+  { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((len % 256)))\\x$(printf %02x $((len / 256)))";
+    printf '%s' "$dict"; printf "%$((len - ${#dict} - 1))s\n" ""; } >"$1"
+}
+npy_empty "$work/hq.npy" "1, 1, 1, 268435456, 0"
+npy_empty "$work/hk.npy" "1, 1, 5, 0"
+huge=(attention --q "$work/hq.npy" --k "$work/hk.npy" --v "$work/hk.npy" --out "$work/ho.npy" --lse "$work/hl.npy")
+if [[ -z ${ASAN_OPTIONS:-} ]]; then
+  expect_error "H = 0 rejected before allocating" "H = 0" bash -c 'ulimit -v 400000 && exec "$@"' _ "${run[@]}" "${huge[@]}"
+else
+  expect_error "H = 0 rejected before allocating" "H = 0" "${run[@]}" "${huge[@]}"
+fi
+# Output paths are checked before computing: a bad --lse leaves no --out behind.
+rm -f "$work/o_early.npy"
+expect_error "bad --lse fails first" "cannot open for writing" "${run[@]}" attention "${inputs[@]}" \
+  --out "$work/o_early.npy" --lse "$work/missing/l.npy"
+[[ ! -e $work/o_early.npy ]] && pass || fail "bad --lse: --out was written before the error"
+expect_error "--out is a folder" "is a directory" "${run[@]}" attention --q "$b/q.npy" --k "$b/k.npy" --v "$b/v.npy" --out "$work"
+
 echo "cli_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

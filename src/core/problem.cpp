@@ -133,22 +133,53 @@ int resolve_threads(int requested) {
   if (requested < 0)
     fail("threads: " + std::to_string(requested) + ", expected >= 0 (0 = all cores)");
 #ifdef _OPENMP
-  return requested == 0 ? omp_get_max_threads() : requested;
+  // More threads than the machine runs at once only cost memory and start-up (and a huge count made
+  // the OpenMP runtime crash or exit): capped at the processors, or OMP_NUM_THREADS if larger.
+  const int most = std::max(omp_get_num_procs(), omp_get_max_threads());
+  return requested == 0 ? omp_get_max_threads() : std::min(requested, most);
 #else
   return 1;
 #endif
 }
 
-Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
-                     const TensorView& k, const TensorView& v, const Options& options) {
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options) {
   check_view(q, "q", 5, "[B,K,G,T,H]");
   check_view(k, "k", 4, "[B,K,S,H]");
   check_view(v, "v", 4, "[B,K,S,H]");
-  check_view(out, "out", 5, "[B,K,G,T,H]");
-  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}})
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
     if (t->numel() == INT64_MAX)
       fail(std::string(name) + ": shape " + shape_string(*t) +
            " overflows 64-bit indexing (too many elements); expected smaller dimensions");
+  const std::int64_t B = q.shape[0], K = q.shape[1], G = q.shape[2], H = q.shape[4];
+  if (G < 1) fail("q: G = " + std::to_string(G) + " in shape " + shape_string(q) + ", expected G >= 1");
+  if (K < 1) fail("q: K = " + std::to_string(K) + " in shape " + shape_string(q) + ", expected K >= 1");
+  if (H < 1) fail("q: H = " + std::to_string(H) + " in shape " + shape_string(q) + ", expected H >= 1");
+  check_dim(k, "k", 0, B, "B");
+  check_dim(k, "k", 1, K, "K");
+  check_dim(k, "k", 3, H, "H");
+  for (int d = 0; d < 4; ++d)
+    if (v.shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
+      fail("v: shape " + shape_string(v) + ", expected the shape of k " + shape_string(k));
+  checked_extent(q, "q");
+  checked_extent(k, "k");
+  checked_extent(v, "v");
+  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(H)));
+  if (!std::isfinite(scale) || !std::isfinite(static_cast<float>(scale)))
+    fail("scale: " + std::to_string(scale) + ", expected a finite number");
+  if (options.precision != Precision::bf16 && options.precision != Precision::f32)
+    fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
+         ", expected bf16 or f32");
+  check_blocks(options.algorithm, options.block_q, options.block_kv);
+  resolve_threads(options.threads);
+}
+
+Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const Options& options) {
+  check_inputs(q, k, v, options);
+  check_view(out, "out", 5, "[B,K,G,T,H]");
+  if (out.numel() == INT64_MAX)
+    fail("out: shape " + shape_string(out) +
+         " overflows 64-bit indexing (too many elements); expected smaller dimensions");
   Problem p;
   p.B = q.shape[0];
   p.K = q.shape[1];
@@ -156,15 +187,6 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   p.T = q.shape[3];
   p.H = q.shape[4];
   p.S = k.shape[2];
-  if (p.G < 1) fail("q: G = " + std::to_string(p.G) + " in shape " + shape_string(q) + ", expected G >= 1");
-  if (p.K < 1) fail("q: K = " + std::to_string(p.K) + " in shape " + shape_string(q) + ", expected K >= 1");
-  if (p.H < 1) fail("q: H = " + std::to_string(p.H) + " in shape " + shape_string(q) + ", expected H >= 1");
-  check_dim(k, "k", 0, p.B, "B");
-  check_dim(k, "k", 1, p.K, "K");
-  check_dim(k, "k", 3, p.H, "H");
-  for (int d = 0; d < 4; ++d)
-    if (v.shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
-      fail("v: shape " + shape_string(v) + ", expected the shape of k " + shape_string(k));
   for (int d = 0; d < 5; ++d)
     if (out.shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
       fail("out: shape " + shape_string(out) + ", expected the shape of q " + shape_string(q));
@@ -211,20 +233,13 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
     p.v_stride[d] = v.stride[static_cast<std::size_t>(d)];
   }
 
-  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.H)));
-  if (!std::isfinite(scale) || !std::isfinite(static_cast<float>(scale)))
-    fail("scale: " + std::to_string(scale) + ", expected a finite number");
-  p.scale = static_cast<float>(scale);
+  p.scale = static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.H))));
   p.causal = options.causal;
   // Query t sees keys j <= t + offset; clamping to [-(T+1), S] changes no mask and keeps t + offset + 1
   // from overflowing.
   const std::int64_t offset = options.causal_offset.value_or(p.S - p.T);
   p.causal_offset = std::clamp<std::int64_t>(offset, -(p.T + 1), p.S);
-  if (options.precision != Precision::bf16 && options.precision != Precision::f32)
-    fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
-         ", expected bf16 or f32");
   p.precision = options.precision;
-  check_blocks(options.algorithm, options.block_q, options.block_kv);
   p.block_q = options.block_q;
   p.block_kv = options.block_kv;
   p.threads = resolve_threads(options.threads);

@@ -97,6 +97,10 @@ struct Problem {
   }
 };
 
+// Validates q, k, v and the options alone (everything make_problem checks but out and lse), so a
+// caller can reject bad inputs before it allocates the outputs. Throws Error as make_problem does.
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options);
+
 // Validates the views and options and resolves the defaults (scale, causal offset, threads).
 // `lse` may be null. Throws Error naming the argument, the value found and what was expected.
 Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,

@@ -11,6 +11,9 @@
 #include <optional>
 #include <sstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace flashgqa {
 namespace {
 
@@ -330,6 +333,19 @@ NpyArray read_npy(const std::string& path) {
 std::string npy_header_dict(DType dtype, const std::vector<std::int64_t>& shape) {
   return std::string("{'descr': '") + descr_of(dtype) + "', 'fortran_order': False, 'shape': " +
          shape_string(shape) + ", }";
+}
+
+void check_writable_npy(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) fail(path, "cannot open for writing: is a directory, expected a file path");
+    if (::access(path.c_str(), W_OK) != 0) fail(path, std::string("cannot open for writing: ") + std::strerror(errno));
+    return;
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0)
+    fail(path, std::string("cannot open for writing: folder ") + dir + ": " + std::strerror(errno));
 }
 
 void write_npy(const std::string& path, DType dtype, const std::vector<std::int64_t>& shape,

@@ -32,6 +32,11 @@ NpyArray read_npy(const std::string& path);
 void write_npy(const std::string& path, DType dtype, const std::vector<std::int64_t>& shape,
                const void* data);
 
+// Throws Error (as write_npy would) when write_npy could not create or replace the file at `path`
+// now: its folder missing or not writable, the file not writable, or the path a folder. Creates
+// nothing, so a tool can check its output paths before it computes.
+void check_writable_npy(const std::string& path);
+
 // The header text that write_npy puts after the preamble, e.g.
 // "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }" (without padding).
 std::string npy_header_dict(DType dtype, const std::vector<std::int64_t>& shape);

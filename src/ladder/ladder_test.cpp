@@ -7,6 +7,10 @@
 #include <cstring>
 #include <limits>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "core/problem.hpp"
 #include "kernels/cpu_features.hpp"
 #include "ladder/ladder.hpp"
@@ -155,6 +159,25 @@ TEST_P(Ladder, WindowsMatchReference) {
       EXPECT_TRUE(r.ok) << testing::to_string(shape) << " window (" << w.left << ", " << w.right << ")"
                         << (w.causal ? " causal: " : ": ") << r.describe();
     }
+}
+
+// A thread count far beyond the machine is capped, not passed to OpenMP (10^6 crashed naive, chunked
+// and linear attention inside the runtime, and kernel1 allocated a workspace per requested thread).
+TEST_P(Ladder, HugeThreadCountsAreCapped) {
+  for (int threads : {1'000'000, 2'147'483'647}) {
+    Options o = options();
+    o.threads = threads;
+    AttentionCase c = make_case(Shape{1, 1, 1, 4, 8, 8}, DType::f32, DType::f32, Layout::contiguous, 5);
+    const ErrorReport r = run_and_check(c, o);
+    EXPECT_TRUE(r.ok) << "threads " << threads << ": " << r.describe();
+#ifdef _OPENMP
+    EXPECT_LE(make_problem(c.out, &c.lse, c.q, c.k, c.v, o).threads,
+              std::max(omp_get_num_procs(), omp_get_max_threads()));
+#endif
+    AttentionCase lin = make_case(Shape{1, 1, 1, 4, 8, 8}, DType::f32, DType::f32, Layout::contiguous, 6);
+    o.block_q = 0;
+    linear_attention(lin.out, lin.q, lin.k, lin.v, o);
+  }
 }
 
 TEST_P(Ladder, StridedLayoutsGiveTheContiguousResult) {
