@@ -167,6 +167,23 @@ void attention(const TensorView& out, const TensorView& q, const TensorView& k, 
 void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                const TensorView& v, const Options& options = {});
 
+// The backward pass of attention (FlashAttention-2's): given dout = dL/d(out) and the forward's q, k,
+// v, out and lse (the lse attention() wrote, with the same options), writes
+//   dq = dL/dq  [B,K,G,T,H] (like q),   dk = dL/dk, dv = dL/dv  [B,K,S,H] (like k; summed over the G
+//   query heads of each kv head).
+// P is recomputed from q, k and lse; D = rowsum(dout * out). Options: scale, causal and its offset,
+// precision, block_q / block_kv (the backward's q and KV blocks; 0 = automatic), threads; algorithm is
+// ignored. Under Precision::bf16 the matmul operands are rounded to bfloat16: q, k, v and dout as read,
+// the weights P before dv = P^T dout, and dS = P (dP - D) before dq = scale dS k and dk = scale dS^T q;
+// every accumulation, D included, is fp32. Any dtype (f32, bf16, f16) and strides with H contiguous.
+// A row that saw no key (lse = -inf) gets zero gradients; T = 0 or S = 0 gives zero dk, dv (and dq).
+// The result does not depend on the thread count (no atomics: dk, dv per KV block, then dq per q
+// block). The gradients must not overlap each other or any input.
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const Options& options = {});
+
 // The seed's linear_attn_scan_s, another operator (no softmax):
 //   out[b,k,g,t,:] = sum_j (scale * q.k_j) v_j      over the visible keys j,
 // with the same precision rule (logits rounded to bf16 before the second matmul under Precision::bf16),
