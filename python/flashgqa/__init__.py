@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _flashgqa
 
-__all__ = ["attention", "linear_attention"]
+__all__ = ["attention", "attention_backward", "linear_attention"]
 
 _FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
@@ -63,12 +63,17 @@ def _module_of(obj, module):
     return mod if cls is not None and isinstance(obj, cls) else None
 
 
-def _import(obj, name, writable=False):
-    """Classifies one array argument and prepares the zero-copy object the binding reads."""
+def _expected(dtypes, prefix=""):
+    return _one_of(dtypes, prefix) if len(dtypes) > 1 else prefix + dtypes[0]
+
+
+def _import(obj, name, writable=False, dtypes=_FLOAT_DTYPES):
+    """Classifies one array argument and prepares the zero-copy object the binding reads.
+    `dtypes`: the dtype names the argument may have (lse: float32 only)."""
     if isinstance(obj, np.ndarray):
         dtype = _numpy_dtype_name(obj.dtype, name)
-        if dtype not in _FLOAT_DTYPES:  # (uint16 too: the binding would read it as bfloat16)
-            raise TypeError(f"{name}: dtype {dtype}, expected {_one_of(_FLOAT_DTYPES)}")
+        if dtype not in dtypes:  # (uint16 too: the binding would read it as bfloat16)
+            raise TypeError(f"{name}: dtype {dtype}, expected {_expected(dtypes)}")
         if writable and not obj.flags.writeable:
             raise ValueError(f"{name}: numpy array is read-only, expected a writable array")
         # numpy's DLPack export does not know bfloat16: hand over the same memory as uint16,
@@ -81,9 +86,8 @@ def _import(obj, name, writable=False):
         if obj.device.type != "cpu":
             raise ValueError(f"{name}: torch tensor on device {obj.device}, expected a CPU tensor")
         dtype = str(obj.dtype).removeprefix("torch.")
-        if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype {obj.dtype}, expected "
-                            f"{_one_of(_FLOAT_DTYPES, 'torch.')}")
+        if dtype not in dtypes:
+            raise TypeError(f"{name}: dtype {obj.dtype}, expected {_expected(dtypes, 'torch.')}")
         if obj.is_sparse or obj.layout != torch.strided:
             raise TypeError(f"{name}: torch tensor with layout {obj.layout}, expected a strided "
                             "(dense) tensor")
@@ -103,8 +107,8 @@ def _import(obj, name, writable=False):
         if platforms != {"cpu"}:
             raise ValueError(f"{name}: jax array on {sorted(platforms)}, expected a CPU array")
         dtype = str(obj.dtype)
-        if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype {dtype}, expected {_one_of(_FLOAT_DTYPES)}")
+        if dtype not in dtypes:
+            raise TypeError(f"{name}: dtype {dtype}, expected {_expected(dtypes)}")
         return _Input(obj, "jax", obj, dtype, obj.shape)
 
     # Anything else with DLPack or the buffer protocol is read through a numpy view of its memory.
@@ -129,7 +133,7 @@ def _import(obj, name, writable=False):
                             "or the buffer protocol (numpy, torch, jax)") from None
     if writable and not view.flags.writeable:
         raise ValueError(f"{name}: {type(obj).__name__} is read-only, expected a writable array")
-    inp = _import(view, name, writable)
+    inp = _import(view, name, writable, dtypes)
     inp.obj, inp.kind = obj, "other"
     return inp
 
@@ -219,6 +223,69 @@ def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precisio
         block_q=block_q, block_kv=block_kv, threads=threads)
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result
+
+
+_KIND_NAMES = {"numpy": "a numpy array (or other buffer)", "torch": "a torch tensor",
+               "jax": "a jax array"}
+
+
+def _result_kind(inp):
+    """The kind of array a result made for `inp` has: numpy, torch or jax (other arrays: numpy)."""
+    return "numpy" if inp.kind == "other" else inp.kind
+
+
+def _import_like_q(qi, obj, name, dtypes=None):
+    """An array that goes with q (the forward's out and lse, the gradient dout): q's kind, and q's
+    dtype unless `dtypes` names others."""
+    xi = _import(obj, name, dtypes=dtypes or _FLOAT_DTYPES)
+    if _result_kind(xi) != _result_kind(qi):
+        raise TypeError(f"{name}: {_KIND_NAMES[_result_kind(xi)]}, expected "
+                        f"{_KIND_NAMES[_result_kind(qi)]}, the kind of q")
+    if dtypes is None and xi.dtype != qi.dtype:
+        raise TypeError(f"{name}: dtype {xi.dtype}, expected q's dtype {qi.dtype}")
+    return xi
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, scale=None,
+                       precision="bf16", block_q=None, block_kv=None, threads=None):
+    """The gradients of :func:`attention`: ``(dq, dk, dv)`` of a loss L from ``dout = dL/dout``.
+
+    FlashAttention-2's backward: the softmax weights P are recomputed from q, k and the forward's
+    lse; ``D = rowsum(dout * out)``; ``dv = P^T dout``, ``dS = P (dout v^T - D)``,
+    ``dq = scale dS k``, ``dk = scale dS^T q``. dk and dv sum over the G query heads of each kv
+    head. The result does not depend on ``threads`` (same bits for any count).
+
+    Args:
+      dout: the gradient of the loss with respect to ``out``; q's shape, kind and dtype.
+      q, k, v: the forward's inputs, as for :func:`attention` (5-D ``[B, K, G, T, H]`` or SDPA's
+        4-D ``[B, Hq, T, H]`` q; k, v ``[B, K, S, H]``; one dtype; read in place).
+      out, lse: the forward's output and float32 log-sum-exp, as
+        ``attention(q, k, v, return_lse=True, ...)`` returned them with the same causal,
+        causal_offset, scale and precision: out of q's shape, lse ``[B, K, G, T]`` (5-D q) or
+        ``[B, Hq, T]`` (4-D q); both of q's kind.
+      causal, causal_offset, scale: as for :func:`attention` (the forward's values).
+      precision: ``"bf16"``: q, k, v and dout enter the matmuls rounded to bfloat16, and so do the
+        weights P before ``dv = P^T dout`` and ``dS`` before ``dq`` and ``dk``; every
+        accumulation (``D`` too) is float32. ``"f32"``: all operands stay float32.
+      block_q, block_kv: the backward's q and KV blocks; None chooses.
+      threads: worker threads; None uses all cores.
+
+    Returns:
+      ``(dq, dk, dv)``: dq of q's shape, kind and dtype; dk and dv of k's shape, kind and dtype.
+      Rows that saw no key (lse ``-inf``) give zero dq rows and add nothing to dk and dv.
+    """
+    qi, ki, vi = _import_qkv(q, k, v)
+    di = _import_like_q(qi, dout, "dout")
+    oi = _import_like_q(qi, out, "out")
+    li = _import_like_q(qi, lse, "lse", dtypes=("float32",))
+    dq, dq_arg = _empty_like_kind(qi, qi.shape, qi.dtype)
+    dk, dk_arg = _empty_like_kind(ki, ki.shape, ki.dtype)
+    dv, dv_arg = _empty_like_kind(ki, ki.shape, ki.dtype)
+    _flashgqa.attention_backward(
+        di.arg, qi.arg, ki.arg, vi.arg, oi.arg, li.arg, dq_arg, dk_arg, dv_arg,
+        causal=bool(causal), causal_offset=causal_offset, scale=scale, precision=precision,
+        block_q=block_q, block_kv=block_kv, threads=threads)
+    return _finish(qi, dq), _finish(ki, dk), _finish(ki, dv)
 
 
 def linear_attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",

@@ -10,8 +10,9 @@
 //     bits (numpy's DLPack export does not know ml_dtypes.bfloat16: the front passes a uint16
 //     view);
 //   - q and out are [B,K,G,T,H] or SDPA's [B,Hq,T,H] with Hq = K*G (K taken from k); lse is
-//     [B,K,G,T] or [B,Hq,T] to match; k, v are [B,K,S,H]. A 4-D q (and its out, lse) goes through
-//     the library's split_heads, so any strided 4-D view maps to a 5-D view without a copy;
+//     [B,K,G,T] or [B,Hq,T] to match; k, v are [B,K,S,H]. The backward's dout and dq are shaped
+//     like q, dk and dv like k. A 4-D q (and everything shaped like it) goes through the library's
+//     split_heads, so any strided 4-D view maps to a 5-D view without a copy;
 //   - the options arrive as the user gave them (None for defaults): this module converts them to
 //     the library's types, with TypeError for a wrong Python type and ValueError for an integer
 //     that does not fit the C++ type; the algorithm and precision names go to the library's
@@ -143,48 +144,107 @@ flashgqa::TensorView split_by_k(const flashgqa::TensorView& t, int64_t K, const 
   }
 }
 
-// The arrays of one call, imported, and the library views built from them. The arrays keep the
-// producers' buffers alive until the call returns.
+// One array argument, imported, and the library's view of it. The array keeps the producer's
+// buffer alive until the call returns.
+template <typename Array>
+struct Operand {
+  Array array;
+  flashgqa::TensorView view;
+};
+
+// q's layout, which every array shaped like q (out, lse, dout, dq) shares: a 5-D q goes to the
+// library as it is, a 4-D q (SDPA's) is split by k's K first.
+struct QLayout {
+  bool sdpa = false;
+  int64_t K = 0;
+
+  flashgqa::TensorView view(const flashgqa::TensorView& plain, const char* name) const {
+    return sdpa ? split_by_k(plain, K, name) : plain;
+  }
+};
+
+// The rank of q picks the layout; every other check is the library's.
+QLayout q_layout(const flashgqa::TensorView& q, const flashgqa::TensorView& k) {
+  if (q.rank != 4 && q.rank != 5)
+    throw nb::value_error(
+        ("q: rank " + std::to_string(q.rank) + ", expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H]")
+            .c_str());
+  QLayout layout;
+  layout.sdpa = q.rank == 4;
+  if (layout.sdpa && k.rank != 4)  // (for a 5-D q the library reports it)
+    throw nb::value_error(("k: rank " + std::to_string(k.rank) +
+                           ", expected 4 [B,K,S,H] (its K splits the heads of the 4-D q)")
+                              .c_str());
+  layout.K = layout.sdpa ? k.shape[1] : 0;
+  return layout;
+}
+
+// Imports one argument; with a layout, as an array shaped like q.
+template <typename Array>
+Operand<Array> import_operand(nb::handle obj, const char* name, const QLayout* layout = nullptr) {
+  Operand<Array> o;
+  o.array = import_array<Array>(obj, name);
+  const flashgqa::TensorView plain = plain_view(o.array, name);
+  o.view = layout != nullptr ? layout->view(plain, name) : plain;
+  return o;
+}
+
+// q, k, v of one call and q's layout.
+struct Inputs {
+  Operand<InArray> q, k, v;
+  QLayout layout;
+};
+
+Inputs import_inputs(nb::handle q, nb::handle k, nb::handle v) {
+  Inputs in;
+  in.q = import_operand<InArray>(q, "q");
+  in.k = import_operand<InArray>(k, "k");
+  in.v = import_operand<InArray>(v, "v");
+  in.layout = q_layout(in.q.view, in.k.view);
+  in.q.view = in.layout.view(in.q.view, "q");
+  return in;
+}
+
+// The arrays of one forward call (attention, linear_attention); out and lse are written.
 struct Call {
-  InArray q, k, v;
-  OutArray out, lse;
-  flashgqa::TensorView qv, kv, vv, outv, lsev;
+  Inputs in;
+  Operand<OutArray> out, lse;
   bool has_out = false, has_lse = false;
 };
 
 Call make_call(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse) {
   Call c;
-  c.q = import_array<InArray>(q, "q");
-  c.k = import_array<InArray>(k, "k");
-  c.v = import_array<InArray>(v, "v");
-  c.kv = plain_view(c.k, "k");
-  c.vv = plain_view(c.v, "v");
-  const flashgqa::TensorView q_plain = plain_view(c.q, "q");
-  // The rank of q picks the layout: 5-D goes to the library as it is, 4-D (SDPA's) is split by
-  // k's K first. Every other check is the library's.
-  if (q_plain.rank != 4 && q_plain.rank != 5)
-    throw nb::value_error(("q: rank " + std::to_string(q_plain.rank) +
-                           ", expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H]")
-                              .c_str());
-  const bool sdpa = q_plain.rank == 4;
-  if (sdpa && c.kv.rank != 4)  // (for a 5-D q the library reports it)
-    throw nb::value_error(("k: rank " + std::to_string(c.kv.rank) +
-                           ", expected 4 [B,K,S,H] (its K splits the heads of the 4-D q)")
-                              .c_str());
-  const int64_t K = sdpa ? c.kv.shape[1] : 0;
-  c.qv = sdpa ? split_by_k(q_plain, K, "q") : q_plain;
+  c.in = import_inputs(q, k, v);
   if (!out.is_none()) {
     c.has_out = true;
-    c.out = import_array<OutArray>(out, "out");
-    const flashgqa::TensorView o = plain_view(c.out, "out");
-    c.outv = sdpa ? split_by_k(o, K, "out") : o;
+    c.out = import_operand<OutArray>(out, "out", &c.in.layout);
   }
   if (!lse.is_none()) {
     c.has_lse = true;
-    c.lse = import_array<OutArray>(lse, "lse");
-    const flashgqa::TensorView l = plain_view(c.lse, "lse");
-    c.lsev = sdpa ? split_by_k(l, K, "lse") : l;
+    c.lse = import_operand<OutArray>(lse, "lse", &c.in.layout);
   }
+  return c;
+}
+
+// The arrays of one backward call: dout, out and lse (the forward's) are read like q, k and v;
+// dq (shaped like q), dk and dv (like k) are written.
+struct BackwardCall {
+  Inputs in;
+  Operand<InArray> dout, out, lse;
+  Operand<OutArray> dq, dk, dv;
+};
+
+BackwardCall make_backward_call(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
+                                nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk,
+                                nb::handle dv) {
+  BackwardCall c;
+  c.in = import_inputs(q, k, v);
+  c.dout = import_operand<InArray>(dout, "dout", &c.in.layout);
+  c.out = import_operand<InArray>(out, "out", &c.in.layout);
+  c.lse = import_operand<InArray>(lse, "lse", &c.in.layout);
+  c.dq = import_operand<OutArray>(dq, "dq", &c.in.layout);
+  c.dk = import_operand<OutArray>(dk, "dk");
+  c.dv = import_operand<OutArray>(dv, "dv");
   return c;
 }
 
@@ -273,9 +333,9 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
       make_options(causal, causal_offset, scale, precision, algo, block_q, block_kv, threads);
   nb::gil_scoped_release release;
   if (c.has_lse)
-    flashgqa::attention(c.outv, c.lsev, c.qv, c.kv, c.vv, o);
+    flashgqa::attention(c.out.view, c.lse.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
   else
-    flashgqa::attention(c.outv, c.qv, c.kv, c.vv, o);
+    flashgqa::attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
 }
 
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
@@ -286,7 +346,19 @@ void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
   const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
                                            nb::none(), block_kv, threads);
   nb::gil_scoped_release release;
-  flashgqa::linear_attention(c.outv, c.qv, c.kv, c.vv, o);
+  flashgqa::linear_attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
+}
+
+void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                        nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, bool causal,
+                        nb::handle causal_offset, nb::handle scale, nb::handle precision,
+                        nb::handle block_q, nb::handle block_kv, nb::handle threads) {
+  const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
+  const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
+                                           block_q, block_kv, threads);
+  nb::gil_scoped_release release;
+  flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
+                               c.in.k.view, c.in.v.view, c.out.view, c.lse.view, o);
 }
 
 nb::dict describe(const flashgqa::TensorView& t) {
@@ -308,11 +380,28 @@ nb::dict describe(const flashgqa::TensorView& t) {
 nb::dict views(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse) {
   const Call c = make_call(q, k, v, out, lse);
   nb::dict d;
-  d["q"] = describe(c.qv);
-  d["k"] = describe(c.kv);
-  d["v"] = describe(c.vv);
-  if (c.has_out) d["out"] = describe(c.outv);
-  if (c.has_lse) d["lse"] = describe(c.lsev);
+  d["q"] = describe(c.in.q.view);
+  d["k"] = describe(c.in.k.view);
+  d["v"] = describe(c.in.v.view);
+  if (c.has_out) d["out"] = describe(c.out.view);
+  if (c.has_lse) d["lse"] = describe(c.lse.view);
+  return d;
+}
+
+// The views attention_backward() would hand the library, for tests.
+nb::dict backward_views(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                        nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv) {
+  const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
+  nb::dict d;
+  d["dout"] = describe(c.dout.view);
+  d["q"] = describe(c.in.q.view);
+  d["k"] = describe(c.in.k.view);
+  d["v"] = describe(c.in.v.view);
+  d["out"] = describe(c.out.view);
+  d["lse"] = describe(c.lse.view);
+  d["dq"] = describe(c.dq.view);
+  d["dk"] = describe(c.dk.view);
+  d["dv"] = describe(c.dv.view);
   return d;
 }
 
@@ -345,8 +434,19 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),
         nb::arg("threads").none(),
         "Writes the seed's linear attention into out in place; shapes as attention.");
+  m.def("attention_backward", &attention_backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("scale").none(),
+        nb::arg("precision").none(), nb::arg("block_q").none(), nb::arg("block_kv").none(),
+        nb::arg("threads").none(),
+        "Writes dq (shaped like q), dk and dv (like k) in place from dout and the forward's q, k, "
+        "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]. uint16 arrays are read "
+        "as bfloat16 bits.");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
         "The views (data pointer, dtype, shape, strides in elements) attention() would pass to the "
         "library, without computing anything: evidence that nothing is copied.");
+  m.def("_backward_views", &backward_views, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        "The views attention_backward() would pass to the library, without computing anything.");
 }

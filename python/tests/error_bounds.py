@@ -95,6 +95,7 @@ class Reference:
         ex = np.where(vis, np.exp(masked - m), 0.0)
         den = ex.sum(axis=-1, keepdims=True)
         p = np.divide(ex, den, out=np.zeros_like(ex), where=den > 0)
+        self.scale, self.p = scale, p  # [B,K,G,T,S] weights, 0 for keys a query does not see
         self.out = np.einsum("bkgts,bksh->bkgth", p, v)
         self.pv_abs = np.einsum("bkgts,bksh->bkgth", p, np.abs(v))
         self.pv_rms = np.sqrt(np.einsum("bkgts,bksh->bkgth", p**2, v**2))

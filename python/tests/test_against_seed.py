@@ -1,6 +1,6 @@
 """flashgqa against the seed's own JAX functions, run by JAX on the CPU.
 
-attn_naive, attn_scan_s_stable and linear_attn_scan_s below are the seed's code as the seed gives
+attn_naive, attn_scan_s_stable and linear_attn_scan_s (seed.py) are the seed's code as the seed gives
 it (q [B,K,G,T,H] pre-scaled by H^-1/2, k, v [B,K,S,H]; bf16 operands, fp32 accumulation, weights
 rounded to bf16 before the second matmul), so flashgqa is called with scale=1.0 and precision
 "bf16". Both sides are judged by the two-sided bound of error_bounds.py: each side's own bound
@@ -17,96 +17,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import flashgqa  # noqa: E402
 from error_bounds import ROUNDOFF, Reference, assert_within, operands  # noqa: E402
-
-# ---- The seed's code, verbatim. ----
-
-
-@jax.jit
-def attn_naive(q, k, v):
-  b, kvh, g, t, h = q.shape
-  _, _, s, _ = k.shape
-  assert k.shape == (b, kvh, s, h)
-  assert v.shape == k.shape
-  # jnp.einsum('bkgth,bksh->bkgts', q, k)
-  l = jax.lax.dot_general(
-      q.astype(jnp.bfloat16),
-      k.astype(jnp.bfloat16),
-      (((4,), (3,)), ((0, 1), (0, 1))),
-      preferred_element_type=jnp.float32,
-  )
-  w = jax.nn.softmax(l, axis=-1)
-  # jnp.einsum('bkgts,bksh->bkgth', w, v)
-  o = jax.lax.dot_general(
-      w.astype(jnp.bfloat16),
-      v.astype(jnp.bfloat16),
-      (((4,), (2,)), ((0, 1), (0, 1))),
-      preferred_element_type=jnp.float32,
-  )
-  return o.astype(q.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=('bkv',))
-def linear_attn_scan_s(q, k, v, *, bkv=1024):
-  _, _, s, _ = k.shape
-
-  def body_fun(i, o):
-    kb = jax.lax.dynamic_slice_in_dim(k, i * bkv, bkv, axis=2)
-    wb = jax.lax.dot_general(
-        q.astype(jnp.bfloat16),
-        kb.astype(jnp.bfloat16),
-        (((4,), (3,)), ((0, 1), (0, 1))),
-        preferred_element_type=jnp.float32,
-    )
-    vb = jax.lax.dynamic_slice_in_dim(v, i * bkv, bkv, axis=2)
-    o += jax.lax.dot_general(
-        wb.astype(jnp.bfloat16),
-        vb.astype(jnp.bfloat16),
-        (((4,), (2,)), ((0, 1), (0, 1))),
-        preferred_element_type=jnp.float32,
-    )
-    return o
-
-  init_val = jnp.zeros(q.shape, dtype=jnp.float32)
-  return jax.lax.fori_loop(0, s // bkv, body_fun, init_val).astype(q.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=('bkv',))
-def attn_scan_s_stable(q, k, v, *, bkv=1024):
-  b, kvh, g, t, h = q.shape
-  _, _, s, _ = k.shape
-  assert k.shape == (b, kvh, s, h)
-  assert v.shape == k.shape
-  assert s % bkv == 0
-
-  def body_fun(i, val):
-    o, denom, m = val
-    kb = jax.lax.dynamic_slice_in_dim(k, i * bkv, bkv, axis=2)
-    lb = jax.lax.dot_general(
-        q.astype(jnp.bfloat16),
-        kb.astype(jnp.bfloat16),
-        (((4,), (3,)), ((0, 1), (0, 1))),
-        preferred_element_type=jnp.float32,
-    )
-    m_new = jnp.maximum(m, lb.max(axis=-1))
-    corr = jnp.exp(m - m_new)
-    wb = jnp.exp(lb - m_new[..., None])
-    denom = denom * corr + wb.sum(axis=-1)
-    vb = jax.lax.dynamic_slice_in_dim(v, i * bkv, bkv, axis=2)
-    o = o * corr[..., None] + jax.lax.dot_general(
-        wb.astype(jnp.bfloat16),
-        vb.astype(jnp.bfloat16),
-        (((4,), (2,)), ((0, 1), (0, 1))),
-        preferred_element_type=jnp.float32,
-    )
-    return o, denom, m_new
-
-  o = jnp.zeros(q.shape, dtype=jnp.float32)
-  denom = jnp.zeros(q.shape[:-1], dtype=jnp.float32)
-  m = jnp.full(q.shape[:-1], -jnp.inf, dtype=jnp.float32)
-  init_val = (o, denom, m)
-  o, denom, m = jax.lax.fori_loop(0, s // bkv, body_fun, init_val)
-  return (o / denom[..., None]).astype(q.dtype)
-
+from seed import attn_naive, attn_scan_s_stable, linear_attn_scan_s  # noqa: E402
 
 # ---- The comparison. ----
 
