@@ -26,8 +26,9 @@ using testing::Layout;
 using testing::make_case;
 using testing::Shape;
 
-// q, k, v, the forward's out and lse, dout and the three gradients, all contiguous, with the
-// BackwardProblem over them (filled by hand: the same fields make_backward_problem fills).
+// q, k, v, the forward's out and lse (contiguous), dout and the three gradients (contiguous, or with
+// `pad` elements of gap after every row and every head), with the BackwardProblem over them (filled by
+// hand: the same fields make_backward_problem fills).
 struct BackwardCase {
   AttentionCase c;
   std::vector<std::byte> dout, dq, dk, dv;
@@ -48,19 +49,20 @@ std::vector<std::byte> random_buffer(std::int64_t n, DType dtype, std::uint64_t 
 // Runs the forward (the public attention, so out and lse are what a user would pass) unless
 // `run_forward` is false (a window, which Options cannot express yet: set it on p.fwd afterwards).
 BackwardCase make_backward_case(const Shape& s, DType dtype, DType grad_dtype, const Options& o,
-                                std::uint64_t seed, bool run_forward = true) {
+                                std::uint64_t seed, bool run_forward = true, std::int64_t pad = 0) {
   BackwardCase bc;
   bc.c = make_case(s, dtype, dtype, Layout::contiguous, seed);
   if (run_forward) attention(bc.c.out, bc.c.lse, bc.c.q, bc.c.k, bc.c.v, o);
   BackwardProblem& p = bc.p;
   p.fwd = make_problem(bc.c.out, &bc.c.lse, bc.c.q, bc.c.k, bc.c.v, o);
-  const std::int64_t q_elems = s.B * s.K * s.G * s.T * s.H, kv_elems = s.B * s.K * s.S * s.H;
+  const std::int64_t row = s.H + pad, q_head = s.T * row + pad, kv_head = s.S * row + pad;
+  const std::int64_t q_stride[4] = {s.K * s.G * q_head, s.G * q_head, q_head, row};
+  const std::int64_t kv_stride[3] = {s.K * kv_head, kv_head, row};
+  const std::int64_t q_elems = s.B * q_stride[0], kv_elems = s.B * kv_stride[0];
   bc.dout = random_buffer(q_elems, dtype, seed + 1000);
   bc.dq.assign(static_cast<std::size_t>(q_elems) * dtype_size(grad_dtype), std::byte{0});
   bc.dk.assign(static_cast<std::size_t>(kv_elems) * dtype_size(grad_dtype), std::byte{0});
   bc.dv.assign(bc.dk.size(), std::byte{0});
-  const std::int64_t q_stride[4] = {s.K * s.G * s.T * s.H, s.G * s.T * s.H, s.T * s.H, s.H};
-  const std::int64_t kv_stride[3] = {s.K * s.S * s.H, s.S * s.H, s.H};
   p.dout = bc.dout.data();
   p.dout_dtype = dtype;
   p.dq = bc.dq.data();
@@ -291,9 +293,16 @@ TEST(ToleranceBackward, CatchesAPlantedErrorAndNaN) {
 // ---------------------------------------------------------------------------------------------------
 // The bounds hold for a plain fp32 rendition of backward_problem.hpp's contract: P = exp(s - lse) from
 // the forward's fp32 lse, D from the forward's out as stored, P and dS rounded to bf16 under
-// Precision::bf16, every sum in fp32 (rows in order; keys in order), the gradients in their dtype.
+// Precision::bf16, every sum in fp32 (rows in order; keys in order), the gradients in their dtype. The
+// two choices the bounds leave open are flags: dS from P as rounded (else fp32), D from dout as stored
+// (else as rounded).
 
-void fp32_backward(const BackwardProblem& p) {
+struct Fp32BackwardChoices {
+  bool ds_from_rounded_p = false;
+  bool d_from_stored_dout = false;
+};
+
+void fp32_backward(const BackwardProblem& p, Fp32BackwardChoices choices = {}) {
   const Problem& f = p.fwd;
   const std::int64_t S = f.S, H = f.H;
   const auto round_p = [&](float x) { return f.precision == Precision::bf16 ? round_to_bf16(x) : x; };
@@ -317,7 +326,10 @@ void fp32_backward(const BackwardProblem& p) {
             load_row(dout.data(), p.dout_row(b, kh, g, t), p.dout_dtype, H, f.precision);
             load_row(out.data(), p.out_row(b, kh, g, t), f.out_dtype, H, Precision::f32);
             float d = 0.0f;
-            for (std::int64_t h = 0; h < H; ++h) d += dout[h] * out[h];
+            for (std::int64_t h = 0; h < H; ++h)
+              d += (choices.d_from_stored_dout ? load_element(p.dout_row(b, kh, g, t), p.dout_dtype, h)
+                                               : dout[h]) *
+                   out[h];
             for (std::int64_t j = keys.begin; j < keys.end; ++j) {
               float s = 0.0f, dp = 0.0f;
               for (std::int64_t h = 0; h < H; ++h) {
@@ -325,8 +337,8 @@ void fp32_backward(const BackwardProblem& p) {
                 dp += dout[h] * v[j * H + h];
               }
               const float prob = std::exp(s * f.scale - lse);
-              const float ds = round_p(prob * (dp - d));
               const float prob_p = round_p(prob);
+              const float ds = round_p((choices.ds_from_rounded_p ? prob_p : prob) * (dp - d));
               for (std::int64_t h = 0; h < H; ++h) {
                 dq[h] += ds * k[j * H + h];
                 dk[j * H + h] += ds * q[h];
@@ -360,9 +372,26 @@ TEST(ToleranceBackward, HoldsForAPlainFp32Backward) {
           const ErrorReport r = check_backward_against_reference(bc.p, reference_attention_backward(bc.p));
           EXPECT_TRUE(r.ok) << testing::to_string(s) << " " << precision_name(precision) << " "
                             << dtype_name(dtype) << (causal ? " causal" : "") << ": " << r.describe();
-          std::printf("%s %s %s%s: %s\n", testing::to_string(s).c_str(), precision_name(precision),
-                      dtype_name(dtype), causal ? " causal" : "", r.describe().c_str());
         }
+}
+
+// The open choices, strided gradients and dout (the check reads every gradient through its strides), a
+// causal offset that masks rows and one beyond S.
+TEST(ToleranceBackward, HoldsForEveryOpenChoiceAndStrides) {
+  std::uint64_t seed = 70;
+  for (bool rounded_p : {false, true})
+    for (bool stored_dout : {false, true})
+      for (std::int64_t offset : {-3, 0, 40}) {
+        Options o;
+        o.causal = true;
+        o.causal_offset = offset;
+        BackwardCase bc = make_backward_case({2, 2, 3, 21, 29, 40}, DType::f32, DType::bf16, o, ++seed,
+                                             true, 3);
+        fp32_backward(bc.p, {rounded_p, stored_dout});
+        const ErrorReport r = check_backward_against_reference(bc.p, reference_attention_backward(bc.p));
+        EXPECT_TRUE(r.ok) << "dS from rounded P " << rounded_p << ", D from stored dout " << stored_dout
+                          << ", offset " << offset << ": " << r.describe();
+      }
 }
 
 }  // namespace
