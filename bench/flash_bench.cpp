@@ -1,4 +1,5 @@
-// flashgqa_bench: the fast flash path against this machine's ceilings, measured in the same run.
+// flashgqa_bench: the fast flash path (forward and backward) against this machine's ceilings, measured
+// in the same run.
 //
 //   GFLOP/s = 4 B K G T S H / time (halved when causal); pct_peak = that / the vdpbf16ps peak measured
 //   on the same number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
@@ -63,6 +65,42 @@ void attention_bench(benchmark::State& state, study::Shape shape, bool causal, i
     state.counters["pct_dram"] = 100.0 * bytes / per_call / dram;
   }
   state.SetLabel(isa_name(active_isa()));
+}
+
+// The backward (and a training step: forward + backward) at FlashAttention's FLOP convention: the
+// backward counts 2.5 times the forward's FLOP of the visible area (5 matmuls to its 2), a step 3.5.
+void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step) {
+  study::BenchInputs inputs(shape, 1);
+  Options o;
+  o.causal = causal;
+  o.threads = threads;
+  const double peak = bench::bf16_peak_flops(threads);
+  inputs.run_backward(o);  // warm-up, and the forward's out and lse
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (step) inputs.run(o);
+    inputs.run_backward(o);
+    seconds += seconds_since(t0);
+  }
+  const double per_call = seconds / static_cast<double>(state.iterations());
+  const double flops = (step ? 3.5 : 2.5) * study::attention_flops(shape, causal);
+  state.counters["GFLOP/s"] = flops / per_call / 1e9;
+  state.counters["peak_GFLOP/s"] = peak / 1e9;
+  state.counters["pct_peak"] = 100.0 * flops / per_call / peak;
+  state.SetLabel(isa_name(active_isa()));
+}
+
+void register_backward() {
+  for (const auto& [name, causal, step] : {std::tuple{"backward/noncausal", false, false},
+                                           std::tuple{"backward/causal", true, false},
+                                           std::tuple{"train_step/noncausal", false, true}})
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark((std::string(name) + "/T=S=4096/H=128/threads=" + std::to_string(threads)).c_str(),
+                                   backward_bench, study::Shape{1, 8, 4, 4096, 4096, 128}, causal, threads, step)
+          ->Iterations(1)
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
 }
 
 void register_attention(const std::string& name, study::Shape shape, bool causal, int threads) {
@@ -185,6 +223,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("isa", isa_name(active_isa()));
   register_kernels();
   register_end_to_end();
+  register_backward();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -2,6 +2,8 @@
 // no files: blocks tuned for a machine come in through Options (the tools look them up, see
 // src/study/tune_cache.hpp).
 #include "flashgqa/flashgqa.hpp"
+#include "backward/flash_backward.hpp"
+#include "core/backward_problem.hpp"
 #include "ladder/ladder.hpp"
 
 namespace flashgqa {
@@ -22,6 +24,13 @@ void attention(const TensorView& out, const TensorView& q, const TensorView& k, 
 void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                const TensorView& v, const Options& options) {
   run(make_problem(out, &lse, q, k, v, options), options.algorithm);
+}
+
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const Options& options) {
+  flash_backward(make_backward_problem(dq, dk, dv, dout, q, k, v, out, lse, options), active_isa());
 }
 
 void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,

@@ -8,6 +8,7 @@
 #include <utility>
 #include <string>
 
+#include "core/backward_problem.hpp"
 #include "core/error_text.hpp"
 #include "core/names.hpp"
 
@@ -243,6 +244,63 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   p.block_q = options.block_q;
   p.block_kv = options.block_kv;
   p.threads = resolve_threads(options.threads);
+  return p;
+}
+
+BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                      const TensorView& dout, const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const TensorView& out, const TensorView& lse,
+                                      const Options& options) {
+  BackwardProblem p;
+  p.fwd = make_problem(out, &lse, q, k, v, options);  // q, k, v, out, lse as the forward's
+  const std::pair<const TensorView*, const char*> like_q[] = {{&dout, "dout"}, {&dq, "dq"}};
+  const std::pair<const TensorView*, const char*> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
+  for (const auto& [t, name] : like_q) {
+    check_view(*t, name, 5, "[B,K,G,T,H]");
+    for (int d = 0; d < 5; ++d)
+      if (t->shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
+        fail(std::string(name) + ": shape " + shape_string(*t) + ", expected the shape of q " + shape_string(q));
+  }
+  for (const auto& [t, name] : like_k) {
+    check_view(*t, name, 4, "[B,K,S,H]");
+    for (int d = 0; d < 4; ++d)
+      if (t->shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
+        fail(std::string(name) + ": shape " + shape_string(*t) + ", expected the shape of k " + shape_string(k));
+  }
+  // The gradients are written: distinct elements, apart from each other and from every input.
+  const Extent inputs[] = {checked_extent(q, "q"), checked_extent(k, "k"), checked_extent(v, "v"),
+                           checked_extent(out, "out"), checked_extent(lse, "lse"),
+                           checked_extent(dout, "dout")};
+  const char* input_names[] = {"q", "k", "v", "out", "lse", "dout"};
+  const std::pair<const TensorView*, const char*> grads[] = {{&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}};
+  Extent written[3];
+  for (int i = 0; i < 3; ++i) {
+    const auto& [t, name] = grads[i];
+    written[i] = checked_extent(*t, name);
+    check_distinct_elements(*t, name);
+    for (int j = 0; j < 6; ++j)
+      if (overlaps(written[i], inputs[j]))
+        fail(std::string(name) + ": memory overlaps " + input_names[j] + ", expected a separate buffer");
+    for (int j = 0; j < i; ++j)
+      if (overlaps(written[i], written[j]))
+        fail(std::string(name) + ": memory overlaps " + grads[j].second + ", expected a separate buffer");
+  }
+  p.dout = dout.data;
+  p.dout_dtype = dout.dtype;
+  p.dq = dq.data;
+  p.dq_dtype = dq.dtype;
+  for (int d = 0; d < 4; ++d) {
+    p.dout_stride[d] = dout.stride[static_cast<std::size_t>(d)];
+    p.dq_stride[d] = dq.stride[static_cast<std::size_t>(d)];
+  }
+  p.dk = dk.data;
+  p.dk_dtype = dk.dtype;
+  p.dv = dv.data;
+  p.dv_dtype = dv.dtype;
+  for (int d = 0; d < 3; ++d) {
+    p.dk_stride[d] = dk.stride[static_cast<std::size_t>(d)];
+    p.dv_stride[d] = dv.stride[static_cast<std::size_t>(d)];
+  }
   return p;
 }
 

@@ -38,6 +38,21 @@ namespace flashgqa {
 
 // Relative error budget of every exp the library evaluates (std::exp and the vectorised exps).
 inline constexpr double kExpRelError = 0x1p-20;
+// Unit roundoff of fp32 (u32).
+inline constexpr double kU32 = 0x1p-24;
+
+// The units and the forward's bounds above, in one place: check_against_reference and the backward's
+// bounds (tolerance_backward.hpp, which start from the forward's out and lse) both call these.
+double unit_roundoff(DType dtype);             // u_out: 2^-8 bf16, 2^-11 f16, 2^-24 f32
+double operand_roundoff(Precision precision);  // u_p: 2^-8 under bf16, u32 under f32
+double fp32_gamma(std::int64_t n);             // gamma(n) = n u32 / (1 - n u32)
+// Softmax attention, one row with A = abs_logit (ReferenceResult::abs_logit):
+double forward_logit_error(const Problem& p, double abs_logit);       // delta
+double forward_weight_rel_error(const Problem& p, double abs_logit);  // w_rel
+// |lse - lse_ref| for a finite lse_ref.
+double forward_lse_error(const Problem& p, double abs_logit, double lse_ref);
+// The max bound on |o - o_ref| of one element, abs_pv = sum_j p_j |v_jh| (ReferenceResult::abs_pv).
+double forward_out_error(const Problem& p, double abs_logit, double abs_pv, double out_ref);
 
 struct ErrorReport {
   double max_err = 0.0;    // max |o - o_ref| over elements
@@ -49,6 +64,9 @@ struct ErrorReport {
   double lse_worst_ratio = 0.0;
   std::int64_t nan_mismatches = 0;  // NaN in out (or lse) where the reference is not NaN, or vice versa
   std::int64_t worst_index = -1;    // flat [B,K,G,T,H] index of the worst element
+  // The backward's checks: the gradient holding the worst element ("dq", "dk" or "dv"; worst_index is
+  // then flat in its layout) and, in the mean fields, the gradient whose mean err/bound is largest.
+  const char* worst_tensor = nullptr;
   bool ok = true;
 
   std::string describe() const;  // one line: errors, bounds, verdict

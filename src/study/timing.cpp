@@ -37,6 +37,28 @@ void BenchInputs::run(const Options& options) {
             contiguous_view(v_.data(), DType::bf16, {s.B, s.K, s.S, s.H}), options);
 }
 
+void BenchInputs::run_backward(const Options& options) {
+  const Shape& s = shape_;
+  const auto q_view = [&](std::vector<std::uint16_t>& x) {
+    return contiguous_view(x.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H});
+  };
+  const auto kv_view = [&](std::vector<std::uint16_t>& x) {
+    return contiguous_view(x.data(), DType::bf16, {s.B, s.K, s.S, s.H});
+  };
+  if (dout_.empty()) {
+    std::mt19937_64 rng(7);
+    fill(dout_, q_.size(), rng);
+    dq_.assign(q_.size(), 0);
+    dk_.assign(k_.size(), 0);
+    dv_.assign(v_.size(), 0);
+    lse_.assign(static_cast<std::size_t>(s.B * s.K * s.G * s.T), 0.0f);
+    attention(q_view(out_), contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T}), q_view(q_),
+              kv_view(k_), kv_view(v_), options);
+  }
+  attention_backward(q_view(dq_), kv_view(dk_), kv_view(dv_), q_view(dout_), q_view(q_), kv_view(k_), kv_view(v_),
+                     q_view(out_), contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T}), options);
+}
+
 Timing time_attention(BenchInputs& inputs, const Options& options, int repeats) {
   inputs.run(options);  // warm-up: pages, caches, the thread pool
   std::vector<double> seconds;

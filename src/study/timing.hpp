@@ -23,10 +23,15 @@ class BenchInputs {
   const Shape& shape() const { return shape_; }
   // Runs attention once with `options`.
   void run(const Options& options);
+  // The forward with lse (once, on the first call, to have out and lse), then attention_backward
+  // once with a random dout; `options` as the forward's.
+  void run_backward(const Options& options);
 
  private:
   Shape shape_;
   std::vector<std::uint16_t> q_, k_, v_, out_;
+  std::vector<std::uint16_t> dout_, dq_, dk_, dv_;  // the backward's, allocated on first use
+  std::vector<float> lse_;
 };
 
 // One warm-up run, then `repeats` timed runs (wall clock, steady_clock).

@@ -1,0 +1,322 @@
+// Design (what moves where, and why):
+//
+// Work goes by groups of (b, kv head) pairs, like the forward's packing. For each head of a group a
+// prepare step packs, once, everything the tasks read: Q and dO rows (for S = scale Q K^T and
+// dP = dO V^T), Q^T and dO^T (the weight tiles of dK^T and dV^T), K and V as K panels and K as V
+// panels (for dQ += dS K), and D = rowsum(dO * O) per row in fp32. Then two kinds of task, neither
+// writing what another writes (no atomics: the bits do not depend on the thread count):
+//   1. dK, dV: (head, KV block of bkv keys), accumulators dK^T and dV^T [Hp][keys] in fp32. For every
+//      (G head, q block) that sees a key of the block: S and dP tile by tile (qk_tile), P = exp(S -
+//      lse) and dS = P (dP - D), then P and dS packed as V panels over the q block's rows (pack_v:
+//      pairs along queries) and dV^T += dO^T P, dK^T += Q^T dS (pv_tile). All G heads of the kv head
+//      pass through the task, so each K/V block serves the whole group (the forward's GQA reuse).
+//      At the end dK = scale (dK^T)^T and dV = (dV^T)^T are written once.
+//   2. dQ: (head, q block, all G heads), accumulators [G bq][Hp]. For every KV block its rows see:
+//      S, dP, P, dS as above, dS rows packed as weights (pack_q_row) and dQ += dS K (pv_tile).
+// Determinism costs a recomputation: S and dP are computed in both kinds of task, 7 matmuls per
+// (query, key) instead of FlashAttention-2's 5 (which adds dQ with atomics).
+#include "backward/flash_backward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "core/dtype.hpp"
+#include "core/int_math.hpp"
+#include "flash/run_tasks.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block: a multiple of 32 and of MR (12)
+constexpr std::int64_t kDefaultBlockKV = 256;  // keys per KV block (docs/performance.md, "Backward")
+// Bytes of packed operands one group of heads may hold (at least one head is always allowed).
+constexpr std::int64_t kPackedGroupBytes = std::int64_t{512} << 20;
+
+struct Plan {
+  const FlashKernels* kern = nullptr;
+  std::int64_t Hp = 0, operand_bytes = 0, mr = 0;
+  std::int64_t bq = 0, bkv = 0, nq = 0, nkv = 0;
+  std::int64_t Tpad = 0;        // T padded to whole q blocks
+  std::int64_t kv_block = 0;    // bkv padded to whole panels
+  bool round = false;
+  // Per head of a group, in elements of the operand type (D in floats):
+  std::int64_t rows_size = 0;   // Q (or dO) rows [G][Tpad][Hp]
+  std::int64_t trans_size = 0;  // Q^T (or dO^T) [G][Hp][Tpad]
+  std::int64_t kv_size = 0;     // one of K panels, V as K panels, K as V panels: [nkv][kv_block x Hp]
+  std::int64_t heads_per_group = 1;
+};
+
+// The packed operands of one group of heads (head i of the group at offset i * size of each part).
+struct Packed {
+  AlignedBuffer q, dout, qt, doutt, k, vk, kv;
+  std::vector<float> D;  // [heads][G][T]
+};
+
+// One operand: bf16 bits (rounded to nearest even), or fp32 (rounded to bf16 under Precision::bf16).
+void put_operand(void* dst, std::int64_t i, float x, const Plan& plan) {
+  if (plan.operand_bytes == 2)
+    static_cast<std::uint16_t*>(dst)[i] = float_to_bf16_bits(x);
+  else
+    static_cast<float*>(dst)[i] = plan.round ? round_to_bf16(x) : x;
+}
+
+template <typename T>
+T* part(const AlignedBuffer& buf, std::int64_t elements, const Plan& plan) {
+  return reinterpret_cast<T*>(buf.as<char>() + elements * plan.operand_bytes);
+}
+
+// Prepare step i of a group: head i (b, kh) of the group packs its operands and D.
+void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::int64_t head_in_group,
+                  std::int64_t b, std::int64_t kh) {
+  const Problem& p = bp.fwd;
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
+  char* q = part<char>(pk.q, head_in_group * plan.rows_size, plan);
+  char* dout = part<char>(pk.dout, head_in_group * plan.rows_size, plan);
+  void* qt = part<char>(pk.qt, head_in_group * plan.trans_size, plan);
+  void* doutt = part<char>(pk.doutt, head_in_group * plan.trans_size, plan);
+  std::memset(q, 0, static_cast<std::size_t>(plan.rows_size * ob));
+  std::memset(dout, 0, static_cast<std::size_t>(plan.rows_size * ob));
+  std::memset(qt, 0, static_cast<std::size_t>(plan.trans_size * ob));
+  std::memset(doutt, 0, static_cast<std::size_t>(plan.trans_size * ob));
+  float* D = pk.D.data() + head_in_group * p.G * p.T;
+  for (std::int64_t g = 0; g < p.G; ++g)
+    for (std::int64_t t = 0; t < p.T; ++t) {
+      const std::int64_t row = g * plan.Tpad + t;
+      const void* qrow = p.q_row(b, kh, g, t);
+      const void* drow = bp.dout_row(b, kh, g, t);
+      kern.pack_q_row(q + row * Hp * ob, {qrow, p.q_dtype, 0, 0, p.H, Hp, plan.round});
+      kern.pack_q_row(dout + row * Hp * ob, {drow, bp.dout_dtype, 0, 0, p.H, Hp, plan.round});
+      float d = 0.0f;  // D = rowsum(dO * O) in fp32, from dO and O as stored
+      const void* orow = bp.out_row(b, kh, g, t);
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        const float dh = load_element(drow, bp.dout_dtype, h);
+        d += dh * load_element(orow, p.out_dtype, h);
+        put_operand(qt, (g * Hp + h) * plan.Tpad + t, load_element(qrow, p.q_dtype, h), plan);
+        put_operand(doutt, (g * Hp + h) * plan.Tpad + t, dh, plan);
+      }
+      D[g * p.T + t] = d;
+    }
+  for (std::int64_t j = 0; j < plan.nkv; ++j) {
+    const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0);
+    const std::int64_t at = head_in_group * plan.kv_size + j * plan.kv_block * Hp;
+    kern.pack_k(part<char>(pk.k, at, plan), {p.k_row(b, kh, s0), p.k_dtype, p.k_stride[2], n, p.H, Hp, plan.round});
+    kern.pack_k(part<char>(pk.vk, at, plan), {p.v_row(b, kh, s0), p.v_dtype, p.v_stride[2], n, p.H, Hp, plan.round});
+    kern.pack_v(part<char>(pk.kv, at, plan), {p.k_row(b, kh, s0), p.k_dtype, p.k_stride[2], n, p.H, Hp, plan.round});
+  }
+}
+
+// One thread's buffers.
+struct Workspace {
+  AlignedBuffer logits, dp, x, w1, w2, acc1, acc2;
+  std::vector<float> row;
+  Workspace(const Problem& p, const Plan& plan) : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))) {
+    const std::int64_t qk = plan.bq * plan.kv_block;  // one S (or dP) tile of a q block and a KV block
+    logits.reset(static_cast<std::size_t>(qk * 4));
+    dp.reset(static_cast<std::size_t>(qk * 4));
+    x.reset(static_cast<std::size_t>(plan.kv_block * 4));
+    w1.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
+    w2.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
+    const std::int64_t acc = std::max(plan.Hp * plan.kv_block, p.G * plan.bq * plan.Hp);
+    acc1.reset(static_cast<std::size_t>(acc * 4));
+    acc2.reset(static_cast<std::size_t>(acc * 4));
+  }
+};
+
+// The S and dP tiles [nq][npad] of rows [t0, t0 + nq) of head g against KV block j.
+void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t npad) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
+  const char* q = part<char>(pk.q, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
+  const char* dout = part<char>(pk.dout, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
+  const std::int64_t at = hg * plan.kv_size + j * plan.kv_block * Hp;
+  const char* k = part<char>(pk.k, at, plan);
+  const char* vk = part<char>(pk.vk, at, plan);
+  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
+    const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
+    for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
+      kern.qk_tile({w.logits.as<float>() + r0 * npad + c, npad, q + r0 * Hp * ob, Hp, k + c * Hp * ob, Hp, p.scale, nr});
+      kern.qk_tile({w.dp.as<float>() + r0 * npad + c, npad, dout + r0 * Hp * ob, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
+    }
+  }
+}
+
+// In place: S <- P = exp(S - lse_t), 0 outside each row's keys and for rows with lse = -inf (they saw
+// no key), and dP <- dS = P (dP - D_t); rows t0 + i of head g of (b, kh), keys [s0, s0 + n).
+void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                  std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
+                  std::int64_t s0, std::int64_t n, std::int64_t npad) {
+  const Problem& p = bp.fwd;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float* x = w.x.as<float>();
+  for (std::int64_t i = 0; i < nq; ++i) {
+    float* srow = w.logits.as<float>() + i * npad;
+    float* dprow = w.dp.as<float>() + i * npad;
+    const std::int64_t t = t0 + i;
+    const float lse = *p.lse_at(b, kh, g, t);
+    const KeyRange keys = p.visible_keys(t).clamp_to(s0, s0 + n, s0);
+    if (lse == kNegInf || keys.empty()) {
+      std::fill(srow, srow + npad, 0.0f);
+      std::fill(dprow, dprow + npad, 0.0f);
+      continue;
+    }
+    std::fill(x, x + keys.begin, kNegInf);
+    for (std::int64_t j = keys.begin; j < keys.end; ++j) x[j] = srow[j] - lse;
+    std::fill(x + keys.end, x + npad, kNegInf);
+    plan.kern->exp_n(srow, x, npad);
+    const float D = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
+    for (std::int64_t j = 0; j < npad; ++j) dprow[j] = srow[j] * (dprow[j] - D);
+  }
+}
+
+// acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns [0, cols)
+// in 32-wide panels, over `keys` keys.
+void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t rows, std::int64_t cols, const void* W,
+                std::int64_t ldw, const void* V, std::int64_t panel_keys, std::int64_t keys) {
+  const std::int64_t ob = plan.operand_bytes;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += plan.mr) {
+    const int nr = static_cast<int>(std::min(plan.mr, rows - r0));
+    for (std::int64_t c = 0; c < cols; c += kHTile)
+      plan.kern->pv_tile({acc + r0 * ldo + c, ldo, static_cast<const char*>(W) + r0 * ldw * ob, ldw,
+                          static_cast<const char*>(V) + c * panel_keys * ob, round_up(keys, 2), nullptr, nr});
+  }
+}
+
+// dK and dV of KV block j of head (b, kh) (group slot hg).
+void dkdv_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+               std::int64_t b, std::int64_t kh, std::int64_t j) {
+  const Problem& p = bp.fwd;
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
+  float* dkt = w.acc1.as<float>();  // [Hp][npad]
+  float* dvt = w.acc2.as<float>();
+  std::memset(dkt, 0, static_cast<std::size_t>(Hp * npad) * 4);
+  std::memset(dvt, 0, static_cast<std::size_t>(Hp * npad) * 4);
+  for (std::int64_t g = 0; g < p.G; ++g)
+    for (std::int64_t t0 = 0; t0 < p.T; t0 += plan.bq) {
+      const std::int64_t nq = std::min(plan.bq, p.T - t0);
+      const KeyRange seen = p.visible_keys(t0, t0 + nq);
+      if (seen.end <= s0 || seen.begin >= s0 + n) continue;  // no row of the q block sees these keys
+      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, npad);
+      softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+      // P and dS as V panels over the q block's rows (pairs along queries), keys as columns.
+      kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
+      kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+      const std::int64_t tt = (g * Hp) * plan.Tpad + t0;  // column t0 of head g's transposed rows
+      accumulate(plan, dvt, npad, Hp, npad, part<char>(pk.doutt, hg * plan.trans_size + tt, plan), plan.Tpad,
+                 w.w1.data(), padded_keys(nq), nq);  // dV^T += dO^T P
+      accumulate(plan, dkt, npad, Hp, npad, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
+                 w.w2.data(), padded_keys(nq), nq);  // dK^T += Q^T dS
+    }
+  float* row = w.row.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t h = 0; h < p.H; ++h) row[h] = p.scale * dkt[h * npad + i];
+    store_row(bp.dk_row(b, kh, s0 + i), bp.dk_dtype, row, p.H);
+    for (std::int64_t h = 0; h < p.H; ++h) row[h] = dvt[h * npad + i];
+    store_row(bp.dv_row(b, kh, s0 + i), bp.dv_dtype, row, p.H);
+  }
+}
+
+// dQ of positions [t0, t0 + nq) of every G head of (b, kh) (group slot hg).
+void dq_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+             std::int64_t b, std::int64_t kh, std::int64_t t0) {
+  const Problem& p = bp.fwd;
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes, nq = std::min(plan.bq, p.T - t0);
+  float* dq = w.acc1.as<float>();  // [G][nq][Hp]
+  std::memset(dq, 0, static_cast<std::size_t>(p.G * nq * Hp) * 4);
+  const KeyRange seen = p.visible_keys(t0, t0 + nq);
+  for (std::int64_t j = seen.begin / plan.bkv; j * plan.bkv < seen.end; ++j) {
+    const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
+    for (std::int64_t g = 0; g < p.G; ++g) {
+      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, npad);
+      softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+      // dS rows as weights [nq][npad], then dQ += dS K.
+      for (std::int64_t i = 0; i < nq; ++i)
+        kern.pack_q_row(w.w1.as<char>() + i * npad * ob, {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+      accumulate(plan, dq + g * nq * Hp, Hp, nq, Hp, w.w1.data(), npad,
+                 part<char>(pk.kv, hg * plan.kv_size + j * plan.kv_block * Hp, plan), npad, n);
+    }
+  }
+  float* row = w.row.data();
+  for (std::int64_t g = 0; g < p.G; ++g)
+    for (std::int64_t i = 0; i < nq; ++i) {
+      for (std::int64_t h = 0; h < p.H; ++h) row[h] = p.scale * dq[(g * nq + i) * Hp + h];
+      store_row(bp.dq_row(b, kh, g, t0 + i), bp.dq_dtype, row, p.H);
+    }
+}
+
+Plan make_plan(const BackwardProblem& bp, Isa isa) {
+  const Problem& p = bp.fwd;
+  Plan plan;
+  plan.kern = &kernels_for(isa, p.precision);
+  plan.Hp = round_up(p.H, kHTile);
+  plan.operand_bytes = plan.kern->operand_bytes;
+  plan.mr = plan.kern->mr;
+  plan.round = p.precision == Precision::bf16;
+  const BackwardBlocks bl = backward_blocks(p);
+  plan.bq = bl.bq;
+  plan.bkv = bl.bkv;
+  plan.nq = ceil_div(p.T, plan.bq);
+  plan.nkv = ceil_div(p.S, plan.bkv);
+  plan.Tpad = plan.nq * plan.bq;
+  plan.kv_block = padded_keys(plan.bkv);
+  plan.rows_size = p.G * plan.Tpad * plan.Hp;
+  plan.trans_size = p.G * plan.Hp * plan.Tpad;
+  plan.kv_size = plan.nkv * plan.kv_block * plan.Hp;
+  const std::int64_t head_bytes = (2 * plan.rows_size + 2 * plan.trans_size + 3 * plan.kv_size) * plan.operand_bytes;
+  const std::int64_t heads = p.B * p.K;
+  plan.heads_per_group = std::clamp<std::int64_t>(kPackedGroupBytes / std::max<std::int64_t>(head_bytes, 1), 1,
+                                                  std::max<std::int64_t>(heads, 1));
+  return plan;
+}
+
+}  // namespace
+
+BackwardBlocks backward_blocks(const Problem& p) {
+  BackwardBlocks bl;
+  // bq a multiple of 32, so each q block's columns of Q^T and dO^T start 64-byte aligned.
+  bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
+  bl.bkv = std::clamp<std::int64_t>(p.block_kv > 0 ? p.block_kv : kDefaultBlockKV, 1, std::max<std::int64_t>(p.S, 1));
+  return bl;
+}
+
+void flash_backward(const BackwardProblem& bp, Isa isa) {
+  const Problem& p = bp.fwd;
+  if (p.B == 0) return;
+  const Plan plan = make_plan(bp, isa);
+  const std::int64_t heads = p.B * p.K, per = plan.heads_per_group;
+  Packed pk;
+  for (auto [buf, size] : {std::pair{&pk.q, plan.rows_size}, {&pk.dout, plan.rows_size}, {&pk.qt, plan.trans_size},
+                           {&pk.doutt, plan.trans_size}, {&pk.k, plan.kv_size}, {&pk.vk, plan.kv_size},
+                           {&pk.kv, plan.kv_size}})
+    buf->reset(static_cast<std::size_t>(per * size * plan.operand_bytes));
+  pk.D.assign(static_cast<std::size_t>(per * p.G * p.T), 0.0f);
+  // Per group: its heads' tasks, dK/dV (one per KV block) then dQ (one per q block).
+  const std::int64_t per_head = plan.nkv + plan.nq, ngroups = ceil_div(heads, per);
+  std::vector<std::int64_t> group_first(static_cast<std::size_t>(ngroups + 1), 0);
+  for (std::int64_t g = 0; g < ngroups; ++g)
+    group_first[static_cast<std::size_t>(g + 1)] = std::min(heads, (g + 1) * per) * per_head;
+  run_grouped_tasks_then_merges(
+      p.threads, p.H, group_first,
+      [&](std::int64_t g) { return std::min(heads, (g + 1) * per) - g * per; },
+      [&](std::int64_t g, std::int64_t i) {
+        const std::int64_t head = g * per + i;
+        prepare_head(bp, plan, pk, i, head / p.K, head % p.K);
+      },
+      [&] { return Workspace(p, plan); },
+      [&](std::int64_t i, Workspace& w) {
+        const std::int64_t head = i / per_head, hg = head % per, k = i % per_head;
+        if (k < plan.nkv) return dkdv_task(bp, plan, pk, w, hg, head / p.K, head % p.K, k);
+        dq_task(bp, plan, pk, w, hg, head / p.K, head % p.K, (k - plan.nkv) * plan.bq);
+      },
+      0, [](std::int64_t, float*) {});
+}
+
+}  // namespace flashgqa
