@@ -16,6 +16,9 @@ computing. Bad arguments raise ValueError (shapes, devices, options) or TypeErro
 with the library's message: shapes, strides and option values are checked by the C++ library only;
 this package checks only what the library cannot see (array kinds, devices, dtypes, writability,
 option types, integers too large for C++).
+
+``attention_backward`` is the backward pass: from ``dout`` and the forward's q, k, v, out and lse
+(``attention(..., return_lse=True)``) it returns ``(dq, dk, dv)``, with the same layouts and rules.
 """
 
 from __future__ import annotations

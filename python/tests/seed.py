@@ -1,10 +1,10 @@
-"""The seed's JAX functions, verbatim (q [B,K,G,T,H] pre-scaled by H^-1/2, k, v [B,K,S,H]; bf16
-operands, fp32 accumulation, weights rounded to bf16 before the second matmul), for the tests that
-compare flashgqa with them (test_against_seed.py, test_backward.py). Importing this module needs jax.
+"""The seed's JAX functions, verbatim (q [B,K,G,T,H] pre-scaled by H^-1/2, k, v [B,K,S,H];
+bf16 operands, fp32 accumulation, weights rounded to bf16 before the second matmul), for the tests
+that compare flashgqa with them (test_against_seed.py, test_backward.py). Importing it needs jax.
 
 attn_naive_f32 at the end is not the seed's: it is attn_naive with float32 where the seed writes
-bfloat16 (operands and weights unrounded), flashgqa's precision="f32" rule, so that jax.grad of it is
-a float32 reference for the backward pass.
+bfloat16 (operands and weights unrounded), flashgqa's precision="f32" rule, so that jax.grad of it
+is a float32 reference for the backward pass.
 """
 import functools
 

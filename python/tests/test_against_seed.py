@@ -1,8 +1,8 @@
 """flashgqa against the seed's own JAX functions, run by JAX on the CPU.
 
-attn_naive, attn_scan_s_stable and linear_attn_scan_s (seed.py) are the seed's code as the seed gives
-it (q [B,K,G,T,H] pre-scaled by H^-1/2, k, v [B,K,S,H]; bf16 operands, fp32 accumulation, weights
-rounded to bf16 before the second matmul), so flashgqa is called with scale=1.0 and precision
+attn_naive, attn_scan_s_stable and linear_attn_scan_s (seed.py) are the seed's code as the seed
+gives it (q [B,K,G,T,H] pre-scaled by H^-1/2, k, v [B,K,S,H]; bf16 operands, fp32 accumulation,
+weights rounded to bf16 before the second matmul), so flashgqa is called with scale=1.0 and precision
 "bf16". Both sides are judged by the two-sided bound of error_bounds.py: each side's own bound
 against the exact float64 result, added.
 """

@@ -83,13 +83,15 @@ def seed_grads(fn, q, k, v, dout):
 @pytest.mark.parametrize("case", SEED_CASES, ids=shape_id)
 def test_matches_jax_grad_of_seed(rng, case, dtype):
     # float32: jax.grad of seed.attn_naive_f32 (the seed's code at float32) against precision
-    # "f32"; the bound is the relative error rho of a recomputed weight (about 3 (gamma(H) + 4 u32)
-    # A, A the largest |logit| sum, plus a few eps_exp) and the fp32 sums gamma(H), gamma(S),
-    # gamma(G T), all times the magnitudes of backward_bounds.py: a few 1e-5 of them, far below
-    # anything a wrong formula gives. bfloat16: the seed's own attn_naive against "bf16", the
-    # same bound plus 2^-8 for every rounding to bf16 either side makes (P, dS, the seed's dP, the
-    # stored out that D reads, the result), about 2^-6 of the magnitudes at worst and a mean
-    # bound of the independent roundings' spread.
+    # "f32". The bound (backward_bounds.py) is rho, the relative error of a recomputed weight
+    # (about 3 (gamma(H) + 4 u32) A, A the largest |logit| sum, plus a few eps_exp), and the fp32
+    # sums gamma(H), gamma(S), gamma(G T), times sums of absolute terms: about 3e-3 of a
+    # gradient's rms per element, 1e-3 of its mean |g| on average. bfloat16: the seed's own
+    # attn_naive against "bf16", adding 2^-8 for each rounding to bf16 either side makes (P, dS,
+    # the seed's dP, the stored out that D reads, the result): about 0.3 of the rms per element,
+    # and, as those roundings are independent (their sum grows as the root of the number of
+    # terms), 4% of the mean |g| on average. test_planted_errors_are_caught shows both catch a
+    # relative error of 2^-6.
     B, K, G, T, S, H, sharp = case
     q, k, v, dout = random_inputs(rng, case[:6], dtype, q_scale=H**-0.5 * sharp)
     precision = "f32" if dtype == "float32" else "bf16"
@@ -188,6 +190,35 @@ def test_awkward_shapes_against_float64(rng, shape, dtype, precision, offset):
                             if causal else None)
     side = flashgqa_side(precision, "bfloat16" if precision == "bf16" else dtype)
     check(got, None, ref, [side], ROUNDOFF[dtype], f"{dtype} at {precision} vs float64")
+
+
+PLANTED = {
+    "D left out": lambda args: dict(args, out=np.zeros_like(args["out"])),
+    "mask one key wider": lambda args: dict(args, causal_offset=args["causal_offset"] + 1),
+}
+
+
+@pytest.mark.parametrize("plant", [*PLANTED, "gradients 2^-6 too large"])
+@pytest.mark.parametrize("dtype, precision", PRECISIONS[:2], ids=lambda x: str(x))
+def test_planted_errors_are_caught(rng, dtype, precision, plant):
+    # The bounds are tight enough to matter: a backward that forgets D, that lets a query see one
+    # key too many, or whose gradients are 2^-6 too large (not a formula error: a relative error
+    # of the size of a few bf16 roundings) fails the check; the unplanted call passes.
+    shape = (2, 2, 3, 17, 48, 16)
+    B, K, G, T, S, H = shape
+    q, k, v, dout = random_inputs(rng, shape, dtype)
+    args = dict(dout=dout, q=q, k=k, v=v, causal=True, causal_offset=S - T, precision=precision)
+    args["out"], args["lse"] = naive_forward(q, k, v, causal=True, precision=precision)
+    ref = BackwardReference(*(operands(x, precision) for x in (q, k, v, dout)), scale=H**-0.5,
+                            causal_offset=S - T)
+    sides, u_out = [flashgqa_side(precision, dtype)], ROUNDOFF[dtype]
+    check(flashgqa.attention_backward(**args), None, ref, sides, u_out, "unplanted")
+    if plant in PLANTED:
+        got = flashgqa.attention_backward(**PLANTED[plant](args))
+    else:
+        got = [as_f64(g) * (1 + 2**-6) for g in flashgqa.attention_backward(**args)]
+    with pytest.raises(AssertionError, match=r"out of bound|mean error"):
+        check(got, None, ref, sides, u_out, plant)
 
 
 def test_sdpa_layout_is_the_5d_layout(rng):
@@ -348,7 +379,8 @@ def backward_args():
         ("out", lambda a: a[..., :3, :], ValueError, r"out: shape \[1,2,3,3,8\]"),
         ("lse", lambda a: a[..., :3], ValueError, r"lse: shape \[1,2,3,3\]"),
         ("lse", lambda a: a[..., None], ValueError, r"lse: rank 5"),
-        ("lse", lambda a: a.astype(np.float64), TypeError, r"lse: dtype float64, expected float32$"),
+        ("lse", lambda a: a.astype(np.float64), TypeError,
+         r"lse: dtype float64, expected float32$"),
         ("lse", lambda a: a.astype(ml_dtypes.bfloat16), TypeError,
          r"lse: dtype bfloat16, expected float32$"),
         ("dout", lambda a: a.astype(np.float16), TypeError,
