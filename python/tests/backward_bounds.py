@@ -39,8 +39,10 @@ N_D[r] = sum_j P N_dP (the absolute sums of the fp32 dot products).
          + gamma(G T) scale sum_r |dS| |q_rh|
   dv_jh: sum_r (rho + u_p + gamma(G T)) P |dout_rh|
 First order in the units. e_i, a side's bound, is the sum of its det and rand parts; n sides, each
-rounding its result to u_out:  |g_a - g_b| <= sum_i e_i + u_out (n |g| + sum_i e_i)  (n = 1: one
-side against the exact g).
+rounding its result to the output dtype (unit roundoff u_out, and spacing eta_out of its subnormals,
+which small gradients reach in float16):
+  |g_a - g_b| <= sum_i e_i + u_out (n |g| + sum_i e_i) + n eta_out / 2
+(n = 1: one side against the exact g).
 Mean: the rand parts are sums of independent zero-mean errors, so their standard deviation is
 sqrt(3)^-1 times the root of the sum of squares of their terms (u |term|), and the mean |error| over
 a gradient's elements stays below the mean of 4 such deviations plus the det parts and the
@@ -54,6 +56,8 @@ import numpy as np
 from error_bounds import EPS_EXP, ROUNDOFF, U32, Reference, gamma, weights_roundoff
 
 U_BF16 = ROUNDOFF["bfloat16"]
+# The spacing of each dtype's subnormals (its smallest positive number).
+SUBNORMAL_SPACING = {"float32": 2.0**-149, "bfloat16": 2.0**-133, "float16": 2.0**-24}
 
 
 class Side(NamedTuple):
@@ -163,16 +167,16 @@ class BackwardReference(Reference):
         return {"dq": (e_dq, e_dq - rand_dq, var_dq), "dk": (e_dk, e_dk - rand_dk, var_dk),
                 "dv": (e_dv, e_dv - rand_dv, var_dv)}
 
-    def bounds(self, sides, u_out):
+    def bounds(self, sides, dtype):
         """{"dq"|"dk"|"dv": (max bound per element, mean bound)} for the sides compared, each
-        rounding its gradients to u_out."""
+        rounding its gradients to `dtype`."""
         per_side = [self._side(side) for side in sides]
-        n = len(sides)
+        n, u_out, eta_out = len(sides), ROUNDOFF[dtype], SUBNORMAL_SPACING[dtype]
         result = {}
         for g, exact in self.grads.items():
             e = sum(b[g][0] for b in per_side)
             det = sum(b[g][1] for b in per_side)
             sigma = np.sqrt(sum(b[g][2] for b in per_side))
-            rounding = u_out * (n * np.abs(exact) + e)
+            rounding = u_out * (n * np.abs(exact) + e) + n * eta_out / 2
             result[g] = (e + rounding, float(np.mean(4 * sigma + det + rounding)))
         return result

@@ -123,13 +123,24 @@ def test_explicit_blocks_and_threads(rng):
         check(out, ref, "bf16", 70, f"{algo} blocks {block_q}/{block_kv}")
 
 
-def test_gil_is_released_while_computing(rng):
+def forward_call(q, k, v):
+    return lambda: flashgqa.attention(q, k, v, threads=1)
+
+
+def backward_call(q, k, v):
+    out, lse = flashgqa.attention(q, k, v, return_lse=True)
+    return lambda: flashgqa.attention_backward(q, q, k, v, out, lse, threads=1)  # dout = q
+
+
+@pytest.mark.parametrize("make_call", [forward_call, backward_call], ids=["forward", "backward"])
+def test_gil_is_released_while_computing(rng, make_call):
     # One thread computes a long attention on one core while this one ticks every millisecond:
     # with the GIL held for the whole call, this thread would pause for about the whole call.
     q, k, v = random_qkv(rng, 1, 1, 8, 256, 1024, 128)
     for _ in range(6):  # grow S until one call takes >= 0.2 s, far above scheduling hiccups
+        call = make_call(q, k, v)
         start = time.perf_counter()
-        flashgqa.attention(q, k, v, threads=1)
+        call()
         single = time.perf_counter() - start
         if single >= 0.2:
             break
@@ -137,7 +148,7 @@ def test_gil_is_released_while_computing(rng):
     done = threading.Event()
 
     def work():
-        flashgqa.attention(q, k, v, threads=1)
+        call()
         done.set()
 
     worker = threading.Thread(target=work)

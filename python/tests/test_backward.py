@@ -18,11 +18,11 @@ import torch
 import flashgqa
 from backward_bounds import (SEED_BF16, SEED_F32, BackwardReference, flashgqa_side,
                              torch_side)
-from error_bounds import ROUNDOFF, U32, as_f64, assert_within, operands
+from error_bounds import as_f64, assert_within, operands
 from seed import attn_naive, attn_naive_f32
 
 F = torch.nn.functional
-NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 GRADS = ("dq", "dk", "dv")
 
 
@@ -46,10 +46,10 @@ def naive_forward(q, k, v, **options):
     return flashgqa.attention(q, k, v, algo="naive", return_lse=True, **options)
 
 
-def check(got, want, ref, sides, u_out, what):
+def check(got, want, ref, sides, dtype, what):
     """Each of (dq, dk, dv) in `got` against `want` (the exact float64 gradients when None) within
-    the bound of `sides`; any layout, reshaped to the reference's."""
-    bounds = ref.bounds(sides, u_out)
+    the bound of `sides` for results of `dtype`; any layout, reshaped to the reference's."""
+    bounds = ref.bounds(sides, dtype)
     want = want if want is not None else [ref.grads[g] for g in GRADS]
     for name, g, w in zip(GRADS, got, want):
         exact = ref.grads[name]
@@ -105,9 +105,8 @@ def test_matches_jax_grad_of_seed(rng, case, dtype):
     assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
 
     ref = BackwardReference(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), scale=1.0)
-    u_out = ROUNDOFF[dtype]
-    check(want, None, ref, [seed_side], u_out, "jax.grad of the seed vs float64")  # the derivation
-    check(got, want, ref, [flashgqa_side(precision, dtype), seed_side], u_out,
+    check(want, None, ref, [seed_side], dtype, "jax.grad of the seed vs float64")  # the derivation
+    check(got, want, ref, [flashgqa_side(precision, dtype), seed_side], dtype,
           f"flashgqa vs jax.grad of the seed ({dtype})")
 
 
@@ -154,8 +153,8 @@ def test_matches_torch_sdpa_autograd(rng, shape, causal, scale):
                             as_f64(dout).reshape(B, K, G, T, H),
                             scale=H**-0.5 if scale is None else scale,
                             causal_offset=0 if causal else None)
-    check(want, None, ref, [torch_side("float32", S)], U32, "torch autograd vs float64")
-    check(got, want, ref, [flashgqa_side("f32", "float32"), torch_side("float32", S)], U32,
+    check(want, None, ref, [torch_side("float32", S)], "float32", "torch autograd vs float64")
+    check(got, want, ref, [flashgqa_side("f32", "float32"), torch_side("float32", S)], "float32",
           "flashgqa vs torch autograd of SDPA")
 
 
@@ -168,10 +167,10 @@ AWKWARD_SHAPES = [
     (1, 2, 1, 5, 64, 128),
     (1, 1, 3, 64, 9, 40),
 ]
-# (input dtype, precision): float32 at "f32", bfloat16 at "bf16", and float32 at the default
-# "bf16", whose operands (q, k, v, dout) are rounded to bf16 inside; the reference takes them
-# rounded, and the side charges D a bf16 rounding (u_o = 2^-8) for a dout it may read unrounded.
-PRECISIONS = [("float32", "f32"), ("bfloat16", "bf16"), ("float32", "bf16")]
+# (input dtype, precision): float32 at "f32", bfloat16 at "bf16", float32 at the default "bf16",
+# whose operands (q, k, v, dout) are rounded to bf16 inside (the reference takes them rounded, and
+# the side charges D a bf16 rounding for a dout it may read unrounded), and float16 at "f32".
+PRECISIONS = [("float32", "f32"), ("bfloat16", "bf16"), ("float32", "bf16"), ("float16", "f32")]
 
 
 @pytest.mark.parametrize("offset", ["full", "default", 0, 3], ids=lambda o: f"causal-{o}")
@@ -189,7 +188,7 @@ def test_awkward_shapes_against_float64(rng, shape, dtype, precision, offset):
                             causal_offset=(S - T if offset == "default" else causal_offset)
                             if causal else None)
     side = flashgqa_side(precision, "bfloat16" if precision == "bf16" else dtype)
-    check(got, None, ref, [side], ROUNDOFF[dtype], f"{dtype} at {precision} vs float64")
+    check(got, None, ref, [side], dtype, f"{dtype} at {precision} vs float64")
 
 
 PLANTED = {
@@ -211,14 +210,14 @@ def test_planted_errors_are_caught(rng, dtype, precision, plant):
     args["out"], args["lse"] = naive_forward(q, k, v, causal=True, precision=precision)
     ref = BackwardReference(*(operands(x, precision) for x in (q, k, v, dout)), scale=H**-0.5,
                             causal_offset=S - T)
-    sides, u_out = [flashgqa_side(precision, dtype)], ROUNDOFF[dtype]
-    check(flashgqa.attention_backward(**args), None, ref, sides, u_out, "unplanted")
+    sides = [flashgqa_side(precision, dtype)]
+    check(flashgqa.attention_backward(**args), None, ref, sides, dtype, "unplanted")
     if plant in PLANTED:
         got = flashgqa.attention_backward(**PLANTED[plant](args))
     else:
         got = [as_f64(g) * (1 + 2**-6) for g in flashgqa.attention_backward(**args)]
     with pytest.raises(AssertionError, match=r"out of bound|mean error"):
-        check(got, None, ref, sides, u_out, plant)
+        check(got, None, ref, sides, dtype, plant)
 
 
 def test_sdpa_layout_is_the_5d_layout(rng):
@@ -268,10 +267,19 @@ def test_rows_that_see_no_key(rng, offset):
     ref = BackwardReference(as_f64(q), as_f64(k), as_f64(v), as_f64(dout), scale=H**-0.5,
                             causal_offset=offset)
     # The default (flash) forward: up to S corrections in its out and lse.
-    check((dq, dk, dv), None, ref, [flashgqa_side("f32", "float32", corrections=S)], U32,
+    check((dq, dk, dv), None, ref, [flashgqa_side("f32", "float32", corrections=S)], "float32",
           "rows without keys vs float64")
     if empty == T:
         assert (dk == 0).all() and (dv == 0).all()
+
+
+@pytest.mark.parametrize("T, S", [(0, 5), (4, 0), (0, 0)])
+def test_empty_shapes_give_zero_gradients(rng, T, S):
+    q, k, v, dout = random_inputs(rng, (1, 2, 2, T, S, 8), "float32")
+    out, lse = flashgqa.attention(q, k, v, return_lse=True)
+    grads = flashgqa.attention_backward(dout, q, k, v, out, lse)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all((g == 0).all() for g in grads)
 
 
 def test_results_take_the_kinds_of_q_and_k(rng):
@@ -351,7 +359,7 @@ def test_training_step(rng):
     ref = BackwardReference(as_f64(q).reshape(B, K, G, T, H), as_f64(k), as_f64(v),
                             as_f64(target).reshape(B, K, G, T, H), scale=H**-0.5, causal_offset=0)
     check([x.grad for x in ours], [x.grad for x in theirs], ref,
-          [flashgqa_side("f32", "float32", corrections=S), torch_side("float32", S)], U32,
+          [flashgqa_side("f32", "float32", corrections=S), torch_side("float32", S)], "float32",
           "training step vs SDPA")
     # A loss whose gradient autograd broadcasts (dout of stride 0) goes through .contiguous().
     q, k, v = leaves()
