@@ -3,18 +3,20 @@
 // Work goes by groups of (b, kv head) pairs, like the forward's packing. For each head of a group a
 // prepare step packs, once, everything the tasks read: Q and dO rows (for S = scale Q K^T and
 // dP = dO V^T), Q^T and dO^T (the weight tiles of dK^T and dV^T), K and V as K panels and K as V
-// panels (for dQ += dS K), and D = rowsum(dO * O) per row in fp32. Then two kinds of task, neither
-// writing what another writes (no atomics: the bits do not depend on the thread count):
-//   1. dK, dV: (head, KV block of bkv keys), accumulators dK^T and dV^T [Hp][keys] in fp32. For every
-//      (G head, q block) that sees a key of the block: S and dP tile by tile (qk_tile), P = exp(S -
-//      lse) and dS = P (dP - D), then P and dS packed as V panels over the q block's rows (pack_v:
-//      pairs along queries) and dV^T += dO^T P, dK^T += Q^T dS (pv_tile). All G heads of the kv head
-//      pass through the task, so each K/V block serves the whole group (the forward's GQA reuse).
-//      At the end dK = scale (dK^T)^T and dV = (dV^T)^T are written once.
-//   2. dQ: (head, q block, all G heads), accumulators [G bq][Hp]. For every KV block its rows see:
-//      S, dP, P, dS as above, dS rows packed as weights (pack_q_row) and dQ += dS K (pv_tile).
-// Determinism costs a recomputation: S and dP are computed in both kinds of task, 7 matmuls per
-// (query, key) instead of FlashAttention-2's 5 (which adds dQ with atomics).
+// panels (for dQ += dS K), D = rowsum(dO * O) per row in fp32, and zeroes the dK, dV rows of keys no
+// query sees. A task is (head, a piece of its keys): the pieces come from the forward's split planner
+// (flash/kv_splits.hpp, with one q block of all T positions), so there are enough tasks for the
+// threads and their number depends on the shapes only. A task walks its KV blocks in order; per block,
+// for every (G head, q block) that sees a key of it:
+//   S and dP tile by tile (qk_tile); P = exp(S - lse) and dS = P (dP - D);
+//   P and dS packed as V panels over the q block's rows (pack_v: pairs along queries), and
+//   dV^T += dO^T P, dK^T += Q^T dS (pv_tile, accumulators [Hp][keys] of the block);
+//   dS rows packed as weights (pack_q_row) and dQ += dS K (pv_tile) into the task's dQ rows.
+// Five matmuls per (query, key), as FlashAttention-2, and no atomics: a block's dK, dV belong to one
+// task and are written when it leaves the block; dQ accumulates over the task's blocks in key order,
+// into the thread's rows when the head is one task, or into the piece's slot, and the slots are summed
+// in slot order afterwards (a fixed order: the bits do not depend on the thread count). All G heads of
+// the kv head pass through the task, so each packed K/V block serves the whole group.
 #include "backward/flash_backward.hpp"
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/dtype.hpp"
 #include "core/int_math.hpp"
+#include "flash/kv_splits.hpp"
 #include "flash/run_tasks.hpp"
 #include "kernels/microkernels.hpp"
 
@@ -49,6 +52,9 @@ struct Plan {
   std::int64_t trans_size = 0;  // Q^T (or dO^T) [G][Hp][Tpad]
   std::int64_t kv_size = 0;     // one of K panels, V as K panels, K as V panels: [nkv][kv_block x Hp]
   std::int64_t heads_per_group = 1;
+  TaskPlan work;                // tasks (head, piece of keys): one q block of all T positions
+  std::int64_t dq_rows = 0;     // G Tpad: the dQ rows of a head, [G][Tpad][Hp] fp32
+  bool any_unsplit = false;     // some task keeps its head's dQ in the thread's workspace
 };
 
 // The packed operands of one group of heads (head i of the group at offset i * size of each part).
@@ -102,6 +108,16 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
       }
       D[g * p.T + t] = d;
     }
+  // dK, dV of the keys outside every task's blocks (no query sees them): zero.
+  const KeyRange all = p.T > 0 ? p.visible_keys(0, p.T) : KeyRange{};
+  const std::int64_t first = all.empty() ? p.S : all.begin / plan.bkv * plan.bkv;
+  const std::int64_t last = all.empty() ? p.S : std::min(p.S, round_up(all.end, plan.bkv));
+  const std::vector<float> zeros(static_cast<std::size_t>(p.H), 0.0f);
+  for (std::int64_t s = 0; s < p.S; ++s)
+    if (s < first || s >= last) {
+      store_row(bp.dk_row(b, kh, s), bp.dk_dtype, zeros.data(), p.H);
+      store_row(bp.dv_row(b, kh, s), bp.dv_dtype, zeros.data(), p.H);
+    }
   for (std::int64_t j = 0; j < plan.nkv; ++j) {
     const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0);
     const std::int64_t at = head_in_group * plan.kv_size + j * plan.kv_block * Hp;
@@ -113,7 +129,7 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
 
 // One thread's buffers.
 struct Workspace {
-  AlignedBuffer logits, dp, x, w1, w2, acc1, acc2;
+  AlignedBuffer logits, dp, x, w1, w2, w3, acc1, acc2, dq;
   std::vector<float> row;
   Workspace(const Problem& p, const Plan& plan) : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))) {
     const std::int64_t qk = plan.bq * plan.kv_block;  // one S (or dP) tile of a q block and a KV block
@@ -122,9 +138,10 @@ struct Workspace {
     x.reset(static_cast<std::size_t>(plan.kv_block * 4));
     w1.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
     w2.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
-    const std::int64_t acc = std::max(plan.Hp * plan.kv_block, p.G * plan.bq * plan.Hp);
-    acc1.reset(static_cast<std::size_t>(acc * 4));
-    acc2.reset(static_cast<std::size_t>(acc * 4));
+    w3.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
+    acc1.reset(static_cast<std::size_t>(plan.Hp * plan.kv_block * 4));
+    acc2.reset(static_cast<std::size_t>(plan.Hp * plan.kv_block * 4));
+    if (plan.any_unsplit) dq.reset(static_cast<std::size_t>(plan.dq_rows * plan.Hp * 4));
   }
 };
 
@@ -188,16 +205,18 @@ void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t row
   }
 }
 
-// dK and dV of KV block j of head (b, kh) (group slot hg).
-void dkdv_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
-               std::int64_t b, std::int64_t kh, std::int64_t j) {
+// dK and dV of KV block j of head (b, kh) (group slot hg), and its dQ contributions into dq [G][Tpad][Hp].
+void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                     std::int64_t b, std::int64_t kh, std::int64_t j, float* dq) {
   const Problem& p = bp.fwd;
   const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
+  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
+  const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
   float* dkt = w.acc1.as<float>();  // [Hp][npad]
   float* dvt = w.acc2.as<float>();
   std::memset(dkt, 0, static_cast<std::size_t>(Hp * npad) * 4);
   std::memset(dvt, 0, static_cast<std::size_t>(Hp * npad) * 4);
+  const char* k_as_v = part<char>(pk.kv, hg * plan.kv_size + j * plan.kv_block * Hp, plan);
   for (std::int64_t g = 0; g < p.G; ++g)
     for (std::int64_t t0 = 0; t0 < p.T; t0 += plan.bq) {
       const std::int64_t nq = std::min(plan.bq, p.T - t0);
@@ -213,6 +232,11 @@ void dkdv_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Wo
                  w.w1.data(), padded_keys(nq), nq);  // dV^T += dO^T P
       accumulate(plan, dkt, npad, Hp, npad, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
                  w.w2.data(), padded_keys(nq), nq);  // dK^T += Q^T dS
+      // dS rows as weights [nq][npad], then dQ += dS K.
+      for (std::int64_t i = 0; i < nq; ++i)
+        kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
+                        {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+      accumulate(plan, dq + (g * plan.Tpad + t0) * Hp, Hp, nq, Hp, w.w3.data(), npad, k_as_v, npad, n);
     }
   float* row = w.row.data();
   for (std::int64_t i = 0; i < n; ++i) {
@@ -223,33 +247,36 @@ void dkdv_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Wo
   }
 }
 
-// dQ of positions [t0, t0 + nq) of every G head of (b, kh) (group slot hg).
-void dq_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
-             std::int64_t b, std::int64_t kh, std::int64_t t0) {
+// dq = scale * the sum of `count` partial dQ row sets (each [G][Tpad][Hp], `stride` floats apart), in
+// order, for head (b, kh).
+void write_dq(const BackwardProblem& bp, const Plan& plan, float* row, std::int64_t b, std::int64_t kh,
+              const float* parts, std::int64_t count, std::int64_t stride) {
   const Problem& p = bp.fwd;
-  const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes, nq = std::min(plan.bq, p.T - t0);
-  float* dq = w.acc1.as<float>();  // [G][nq][Hp]
-  std::memset(dq, 0, static_cast<std::size_t>(p.G * nq * Hp) * 4);
-  const KeyRange seen = p.visible_keys(t0, t0 + nq);
-  for (std::int64_t j = seen.begin / plan.bkv; j * plan.bkv < seen.end; ++j) {
-    const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
-    for (std::int64_t g = 0; g < p.G; ++g) {
-      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, npad);
-      softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
-      // dS rows as weights [nq][npad], then dQ += dS K.
-      for (std::int64_t i = 0; i < nq; ++i)
-        kern.pack_q_row(w.w1.as<char>() + i * npad * ob, {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
-      accumulate(plan, dq + g * nq * Hp, Hp, nq, Hp, w.w1.data(), npad,
-                 part<char>(pk.kv, hg * plan.kv_size + j * plan.kv_block * Hp, plan), npad, n);
-    }
-  }
-  float* row = w.row.data();
   for (std::int64_t g = 0; g < p.G; ++g)
-    for (std::int64_t i = 0; i < nq; ++i) {
-      for (std::int64_t h = 0; h < p.H; ++h) row[h] = p.scale * dq[(g * nq + i) * Hp + h];
-      store_row(bp.dq_row(b, kh, g, t0 + i), bp.dq_dtype, row, p.H);
+    for (std::int64_t t = 0; t < p.T; ++t) {
+      const float* at = parts + (g * plan.Tpad + t) * plan.Hp;
+      for (std::int64_t h = 0; h < p.H; ++h) {
+        float sum = at[h];
+        for (std::int64_t i = 1; i < count; ++i) sum += at[i * stride + h];
+        row[h] = p.scale * sum;
+      }
+      store_row(bp.dq_row(b, kh, g, t), bp.dq_dtype, row, p.H);
     }
+}
+
+// A task: the KV blocks of its piece of keys, in order; dQ into the thread's rows (a whole head:
+// written at the end) or into the piece's slot.
+void run_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, AlignedBuffer& slots,
+              const FlashTask& task) {
+  const Problem& p = bp.fwd;
+  const std::int64_t hg = (task.b * p.K + task.kh) % plan.heads_per_group;
+  const std::int64_t dq_size = plan.dq_rows * plan.Hp;
+  float* dq = task.slot < 0 ? w.dq.as<float>() : slots.as<float>() + task.slot * dq_size;
+  std::memset(dq, 0, static_cast<std::size_t>(dq_size) * 4);
+  if (!task.keys.empty())
+    for (std::int64_t j = task.keys.begin / plan.bkv; j * plan.bkv < task.keys.end; ++j)
+      block_gradients(bp, plan, pk, w, hg, task.b, task.kh, j, dq);
+  if (task.slot < 0) write_dq(bp, plan, w.row.data(), task.b, task.kh, dq, 1, 0);
 }
 
 Plan make_plan(const BackwardProblem& bp, Isa isa) {
@@ -270,6 +297,9 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   plan.rows_size = p.G * plan.Tpad * plan.Hp;
   plan.trans_size = p.G * plan.Hp * plan.Tpad;
   plan.kv_size = plan.nkv * plan.kv_block * plan.Hp;
+  plan.work = plan_tasks(p, std::max<std::int64_t>(p.T, 1), plan.bkv);
+  plan.dq_rows = p.G * plan.Tpad;
+  for (const FlashTask& t : plan.work.tasks) plan.any_unsplit |= t.slot < 0;
   const std::int64_t head_bytes = (2 * plan.rows_size + 2 * plan.trans_size + 3 * plan.kv_size) * plan.operand_bytes;
   const std::int64_t heads = p.B * p.K;
   plan.heads_per_group = std::clamp<std::int64_t>(kPackedGroupBytes / std::max<std::int64_t>(head_bytes, 1), 1,
@@ -298,11 +328,13 @@ void flash_backward(const BackwardProblem& bp, Isa isa) {
                            {&pk.kv, plan.kv_size}})
     buf->reset(static_cast<std::size_t>(per * size * plan.operand_bytes));
   pk.D.assign(static_cast<std::size_t>(per * p.G * p.T), 0.0f);
-  // Per group: its heads' tasks, dK/dV (one per KV block) then dQ (one per q block).
-  const std::int64_t per_head = plan.nkv + plan.nq, ngroups = ceil_div(heads, per);
+  AlignedBuffer slots(static_cast<std::size_t>(plan.work.slots * plan.dq_rows * plan.Hp) * sizeof(float));
+  // Tasks by group of heads (the planner orders them by head).
+  const std::int64_t ngroups = ceil_div(heads, per);
   std::vector<std::int64_t> group_first(static_cast<std::size_t>(ngroups + 1), 0);
+  for (const FlashTask& t : plan.work.tasks) ++group_first[static_cast<std::size_t>((t.b * p.K + t.kh) / per + 1)];
   for (std::int64_t g = 0; g < ngroups; ++g)
-    group_first[static_cast<std::size_t>(g + 1)] = std::min(heads, (g + 1) * per) * per_head;
+    group_first[static_cast<std::size_t>(g + 1)] += group_first[static_cast<std::size_t>(g)];
   run_grouped_tasks_then_merges(
       p.threads, p.H, group_first,
       [&](std::int64_t g) { return std::min(heads, (g + 1) * per) - g * per; },
@@ -312,11 +344,14 @@ void flash_backward(const BackwardProblem& bp, Isa isa) {
       },
       [&] { return Workspace(p, plan); },
       [&](std::int64_t i, Workspace& w) {
-        const std::int64_t head = i / per_head, hg = head % per, k = i % per_head;
-        if (k < plan.nkv) return dkdv_task(bp, plan, pk, w, hg, head / p.K, head % p.K, k);
-        dq_task(bp, plan, pk, w, hg, head / p.K, head % p.K, (k - plan.nkv) * plan.bq);
+        run_task(bp, plan, pk, w, slots, plan.work.tasks[static_cast<std::size_t>(i)]);
       },
-      0, [](std::int64_t, float*) {});
+      static_cast<std::int64_t>(plan.work.merges.size()),
+      [&](std::int64_t i, float* row) {
+        const SplitMerge& mg = plan.work.merges[static_cast<std::size_t>(i)];
+        const std::int64_t size = plan.dq_rows * plan.Hp;
+        write_dq(bp, plan, row, mg.b, mg.kh, slots.as<float>() + mg.first_slot * size, mg.count, size);
+      });
 }
 
 }  // namespace flashgqa

@@ -22,8 +22,31 @@ namespace {
 const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},    {"algos"},
                                       {"threads"}, {"causal", false}, {"repeats"}, {"budget"}};
 
-// The default --algos: the whole ladder, from the library's table.
-std::string default_algos() { return join_names(kAlgorithmNames, ",", ","); }
+// The backward pass of flash (attention_backward), benchmarked beside the ladder's rungs.
+constexpr const char* kBackwardName = "flash-backward";
+
+// The default --algos: the whole ladder, from the library's table, and the backward.
+std::string default_algos() { return join_names(kAlgorithmNames, ",", ",") + "," + kBackwardName; }
+
+// What one --algos entry times: a rung's forward, or flash's backward (FLOP counted 2.5 times the
+// forward's, FlashAttention's convention; its memory model is flash's plus the backward's q-sized
+// and k-sized buffers: dout, dq, dk, dv and the packed operands).
+struct BenchItem {
+  Algorithm algorithm = Algorithm::flash;
+  bool backward = false;
+  std::string name() const { return backward ? kBackwardName : algorithm_name(algorithm); }
+  double flops(const study::Shape& s, bool causal) const {
+    return (backward ? 2.5 : 1.0) * study::attention_flops(s, causal);
+  }
+};
+
+BenchItem parse_item(const std::string& word) {
+  if (word == kBackwardName) return {Algorithm::flash, true};
+  for (const auto& [algorithm, name] : kAlgorithmNames)
+    if (word == name) return {algorithm, false};
+  throw Error("--algos: unknown algorithm '" + word + "', expected " + join_names(kAlgorithmNames, ", ", ", ") +
+              " or " + kBackwardName);
+}
 
 std::string help_text() {
   return "flashgqa bench [--out DIR] [--shape B,K,G,T,S,H] [--seq 256,512,...] [--algos a,b,...]\n"
@@ -37,7 +60,8 @@ std::string help_text() {
     "  --out DIR            folder for the CSV, JSON and SVG files (default: the current folder)\n"
     "  --shape B,K,G,T,S,H  B, K, G and H of the sweep; T and S come from --seq (default 1,2,4,_,_,128)\n"
     "  --seq L1,L2,...      sequence lengths (default 256,512,1024,2048,4096,8192)\n"
-    "  --algos A,B,...      algorithms (default " + default_algos() + ")\n"
+    "  --algos A,B,...      algorithms (default " + default_algos() + ";\n"
+    "                       flash-backward is flash's backward pass, 2.5x the forward's FLOP)\n"
     "  --threads N          threads (default 0 = all cores)\n"
     "  --causal             causal attention (half the FLOPs counted)\n"
     "  --repeats N          timed runs per point (default 3)\n"
@@ -69,6 +93,15 @@ std::string gib(double bytes) {
 std::int64_t model_block_q(Algorithm a) { return a == Algorithm::kernel1 ? 256 : 64; }
 std::int64_t model_block_kv(Algorithm a) { return a == Algorithm::flash ? 512 : 1024; }
 
+double memory_model(const BenchItem& item, const study::Shape& s, int threads) {
+  const Algorithm a = item.algorithm;
+  const double forward = study::memory_bytes(a, s, DType::bf16, model_block_q(a), model_block_kv(a), threads);
+  if (!item.backward) return forward;
+  const double q_bytes = 2.0 * static_cast<double>(s.B * s.K * s.G * s.T * s.H);
+  const double k_bytes = 2.0 * static_cast<double>(s.B * s.K * s.S * s.H);
+  return forward + 6 * q_bytes + 5 * k_bytes;  // dout, dq, packed Q/dO rows and transposes; dk, dv, 3 packed
+}
+
 }  // namespace
 
 const char* bench_help() {
@@ -84,9 +117,8 @@ int bench_command(const std::vector<std::string>& words) {
   for (const std::string& w : split(args.optional("seq").value_or("256,512,1024,2048,4096,8192")))
     seq.push_back(parse_integer("--seq", w, 1, std::int64_t{1} << 24));
   if (seq.empty()) throw Error("--seq: no lengths given, expected e.g. 256,512,1024");
-  std::vector<Algorithm> algos;
-  for (const std::string& w : split(args.optional("algos").value_or(default_algos())))
-    algos.push_back(parse_algorithm(w, "--algos"));
+  std::vector<BenchItem> algos;
+  for (const std::string& w : split(args.optional("algos").value_or(default_algos()))) algos.push_back(parse_item(w));
   if (algos.empty()) throw Error("--algos: no algorithm given");
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const bool causal = args.has("causal");
@@ -104,19 +136,20 @@ int bench_command(const std::vector<std::string>& words) {
 
   const std::size_t total = algos.size() * seq.size();
   std::size_t done = 0;
-  for (Algorithm a : algos) {
+  for (const BenchItem& item : algos) {
+    const Algorithm a = item.algorithm;
     double last_s = 0, last_flops = 0;  // the previous measured point, for the time estimate
     std::string give_up;                // once a rung is over budget, longer lengths are too
     for (std::int64_t L : seq) {
       study::BenchRow row;
-      row.algo = algorithm_name(a);
+      row.algo = item.name();
       row.shape = base;
       row.shape.T = row.shape.S = L;
       row.causal = causal;
-      const double flops = study::attention_flops(row.shape, causal);
+      const double flops = item.flops(row.shape, causal);
       row.intensity = study::intensity(a, row.shape, model_block_kv(a));
       row.predicted_s = study::predict(flops, row.intensity, report.machine).time();
-      row.memory_bytes = study::memory_bytes(a, row.shape, DType::bf16, model_block_q(a), model_block_kv(a), threads);
+      row.memory_bytes = memory_model(item, row.shape, threads);
       ++done;
       const double estimate = last_flops > 0 ? last_s * flops / last_flops : 0;
       if (report.available_memory > 0 && row.memory_bytes > 0.8 * report.available_memory) {
@@ -146,7 +179,8 @@ int bench_command(const std::vector<std::string>& words) {
         o.threads = threads;
         // The tool's opt-in to tuning: flash takes the blocks `flashgqa tune` stored, if any.
         o = study::with_tuned_blocks(o, row.shape);
-        const study::Timing t = study::time_attention(inputs, o, repeats);
+        const study::Timing t = item.backward ? study::time_backward(inputs, o, repeats)
+                                              : study::time_attention(inputs, o, repeats);
         row.repeats = t.repeats;
         row.median_s = t.median_s;
         row.min_s = t.min_s;
@@ -160,11 +194,11 @@ int bench_command(const std::vector<std::string>& words) {
       report.rows.push_back(row);
     }
     // The longest power-of-two T = S whose memory fits.
-    study::LongestFit fit{algorithm_name(a), 0};
+    study::LongestFit fit{item.name(), 0};
     for (std::int64_t L = 1; L <= (std::int64_t{1} << 26); L *= 2) {
       study::Shape s = base;
       s.T = s.S = L;
-      if (study::memory_bytes(a, s, DType::bf16, model_block_q(a), model_block_kv(a), threads) > report.available_memory)
+      if (memory_model(item, s, threads) > report.available_memory)
         break;
       fit.length = L;
     }

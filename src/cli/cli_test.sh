@@ -209,12 +209,13 @@ if grep -q "flash is compute-bound from T = S >=" "$out" && grep -q "balance poi
 if [[ -s $work/cache/flashgqa/ceilings.tsv ]]; then pass; else fail "roofline did not cache its ceilings"; fi
 "${run[@]}" roofline --shape 1,2,4,512,512,64 --threads 1 >"$out" 2>"$err" || true
 if grep -q "from the cache" "$out"; then pass; else fail "roofline did not reuse its cache: $(cat "$out")"; fi
-if "${run[@]}" bench --out "$work/bench" --seq 32,48 --algos naive,flash --repeats 1 --threads 1 >"$out" 2>"$err"; then
+if "${run[@]}" bench --out "$work/bench" --seq 32,48 --algos naive,flash-backward --repeats 1 --threads 1 >"$out" 2>"$err"; then
+  grep -Eq '^flash-backward +48 ' "$out" && pass || fail "bench: no flash-backward row at T=S=48: $(cat "$out")"
   pass
   for f in bench.csv bench.json bench.svg; do [[ -s $work/bench/$f ]] && pass || fail "bench did not write $f"; done
   [[ $(line_count "$work/bench/bench.csv") -eq 5 ]] && pass || fail "bench.csv: expected a header and 4 rows"
   grep -q '^<svg' "$work/bench/bench.svg" && pass || fail "bench.svg is not an SVG"
-  grep -q 'bench: \[4/4\] flash' "$err" && pass || fail "bench progress on stderr: $(cat "$err")"
+  grep -q 'bench: \[4/4\] flash-backward' "$err" && pass || fail "bench progress on stderr: $(cat "$err")"
 else
   fail "bench: exit $? ($(cat "$err"))"
 fi

@@ -1,5 +1,6 @@
 #include "reference/reference_backward.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -23,7 +24,6 @@ ReferenceGradients allocate(const BackwardProblem& p) {
   const Problem& f = p.fwd;
   ReferenceGradients r;
   r.B = f.B, r.K = f.K, r.G = f.G, r.T = f.T, r.S = f.S, r.H = f.H;
-  r.scale = f.scale;
   const auto rows = static_cast<std::size_t>(f.B * f.K * f.G * f.T);
   const auto q_elems = rows * static_cast<std::size_t>(f.H);
   const auto kv_elems = static_cast<std::size_t>(f.B * f.K * f.S * f.H);

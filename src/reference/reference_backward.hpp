@@ -24,7 +24,6 @@ namespace flashgqa {
 
 struct ReferenceGradients {
   std::int64_t B = 0, K = 0, G = 0, T = 0, S = 0, H = 0;
-  double scale = 0.0;
   std::vector<double> dq;  // [B,K,G,T,H] contiguous
   std::vector<double> dk;  // [B,K,S,H] contiguous
   std::vector<double> dv;  // [B,K,S,H] contiguous

@@ -59,12 +59,16 @@ void BenchInputs::run_backward(const Options& options) {
                      q_view(out_), contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T}), options);
 }
 
-Timing time_attention(BenchInputs& inputs, const Options& options, int repeats) {
-  inputs.run(options);  // warm-up: pages, caches, the thread pool
+namespace {
+
+// One warm-up call of run(), then `repeats` timed calls.
+template <typename Run>
+Timing time_runs(Run run, int repeats) {
+  run();  // warm-up: pages, caches, the thread pool
   std::vector<double> seconds;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    inputs.run(options);
+    run();
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(seconds.begin(), seconds.end());
@@ -77,6 +81,16 @@ Timing time_attention(BenchInputs& inputs, const Options& options, int repeats) 
     t.max_s = seconds.back();
   }
   return t;
+}
+
+}  // namespace
+
+Timing time_attention(BenchInputs& inputs, const Options& options, int repeats) {
+  return time_runs([&] { inputs.run(options); }, repeats);
+}
+
+Timing time_backward(BenchInputs& inputs, const Options& options, int repeats) {
+  return time_runs([&] { inputs.run_backward(options); }, repeats);
 }
 
 double available_memory_bytes() {

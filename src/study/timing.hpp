@@ -37,6 +37,9 @@ class BenchInputs {
 // One warm-up run, then `repeats` timed runs (wall clock, steady_clock).
 Timing time_attention(BenchInputs& inputs, const Options& options, int repeats);
 
+// The same for the backward (BenchInputs::run_backward; its first call, the warm-up, runs the forward).
+Timing time_backward(BenchInputs& inputs, const Options& options, int repeats);
+
 // MemAvailable from /proc/meminfo in bytes (0 when unknown).
 double available_memory_bytes();
 

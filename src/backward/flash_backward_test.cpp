@@ -1,0 +1,196 @@
+// The backward pass on every instruction set this machine supports, against the float64 reference
+// and its derived bounds (reference/reference_backward.hpp, tolerance_backward.hpp): awkward shapes
+// (T != S, H = 17 to 256, G = 1 and 8), both precisions and every dtype, causal offsets and windows,
+// blocks that divide nothing, the FlashAttention and padded layouts for every tensor, bit identity
+// across thread counts, and the edge cases (rows that see no key, T = 0, S = 0).
+#include "backward/flash_backward.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "flash/flash_packed.hpp"
+#include "kernels/cpu_features.hpp"
+#include "reference/reference_backward.hpp"
+#include "reference/tolerance_backward.hpp"
+#include "testing/attention_case.hpp"
+
+namespace flashgqa {
+namespace {
+
+using testing::AttentionCase;
+using testing::Layout;
+using testing::make_case;
+using testing::Shape;
+
+// The forward's inputs and outputs, and a second case whose q is dout, whose out is dq and whose k
+// and v are dk and dv (same layout; out is NaN-filled, so an element left unwritten is caught).
+struct BackwardCase {
+  AttentionCase fwd, grads;
+  BackwardCase(const Shape& shape, DType dtype, Layout layout, std::uint64_t seed)
+      : fwd(make_case(shape, dtype, dtype, layout, seed)), grads(make_case(shape, dtype, dtype, layout, seed + 7919)) {}
+  BackwardProblem problem(const Options& o) {
+    return make_backward_problem(grads.out, grads.k, grads.v, grads.q, fwd.q, fwd.k, fwd.v, fwd.out, fwd.lse, o);
+  }
+};
+
+// dq, dk, dv in logical order, as float.
+std::vector<float> gradient_values(const BackwardProblem& p) {
+  std::vector<float> x;
+  const Problem& f = p.fwd;
+  for (std::int64_t b = 0; b < f.B; ++b)
+    for (std::int64_t kh = 0; kh < f.K; ++kh) {
+      for (std::int64_t g = 0; g < f.G; ++g)
+        for (std::int64_t t = 0; t < f.T; ++t)
+          for (std::int64_t h = 0; h < f.H; ++h) x.push_back(load_element(p.dq_row(b, kh, g, t), p.dq_dtype, h));
+      for (std::int64_t s = 0; s < f.S; ++s)
+        for (std::int64_t h = 0; h < f.H; ++h) {
+          x.push_back(load_element(p.dk_row(b, kh, s), p.dk_dtype, h));
+          x.push_back(load_element(p.dv_row(b, kh, s), p.dv_dtype, h));
+        }
+    }
+  return x;
+}
+
+// The forward (flash on `isa`, with the problem's window), then the backward; checked against the
+// reference. `values` gets the gradients.
+ErrorReport run_and_check(BackwardCase& c, const Options& o, Isa isa, std::int64_t window_left = -1,
+                          std::int64_t window_right = -1, std::vector<float>* values = nullptr) {
+  Options f = o;
+  f.algorithm = Algorithm::flash;
+  Problem fp = make_problem(c.fwd.out, &c.fwd.lse, c.fwd.q, c.fwd.k, c.fwd.v, f);
+  fp.window_left = window_left;
+  fp.window_right = window_right;
+  flash_attention(fp, isa);
+  BackwardProblem bp = c.problem(o);
+  bp.fwd.window_left = window_left;
+  bp.fwd.window_right = window_right;
+  flash_backward(bp, isa);
+  if (values) *values = gradient_values(bp);
+  return check_backward_against_reference(bp, reference_attention_backward(bp));
+}
+
+class FlashBackward : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
+  }
+  Isa isa() const { return GetParam(); }
+};
+
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 1, 64},    {1, 2, 4, 37, 53, 64},  {2, 3, 1, 19, 70, 80}, {1, 1, 8, 5, 129, 128},
+    {1, 1, 2, 33, 17, 256}, {1, 2, 3, 1, 41, 40},   {3, 1, 2, 23, 23, 17}, {1, 1, 4, 70, 300, 128},
+};
+
+TEST_P(FlashBackward, MatchesReferenceOnAwkwardShapes) {
+  int seed = 0;
+  for (const Shape& shape : kShapes)
+    for (Precision precision : {Precision::bf16, Precision::f32})
+      for (DType dtype : {DType::bf16, DType::f32, DType::f16}) {
+        BackwardCase c(shape, dtype, Layout::contiguous, ++seed);
+        Options o;
+        o.precision = precision;
+        const ErrorReport r = run_and_check(c, o, isa());
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << precision_name(precision) << " "
+                          << dtype_name(dtype) << ": " << r.describe();
+      }
+}
+
+TEST_P(FlashBackward, CausalOffsetsAndBlocksThatDivideNothing) {
+  int seed = 100;
+  for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 70, 24, 80}, Shape{1, 1, 3, 100, 100, 128}})
+    for (std::optional<std::int64_t> offset :
+         {std::optional<std::int64_t>{}, std::optional<std::int64_t>{0}, std::optional<std::int64_t>{-3},
+          std::optional<std::int64_t>{-40}, std::optional<std::int64_t>{7}, std::optional<std::int64_t>{-1000},
+          std::optional<std::int64_t>{1000}})
+      for (const auto& [bq, bkv] : {std::pair<std::int64_t, std::int64_t>{7, 13}, {0, 0}, {40, 45}}) {
+        BackwardCase c(shape, DType::bf16, Layout::contiguous, ++seed);
+        Options o;
+        o.causal = true;
+        o.causal_offset = offset;
+        o.block_q = bq;
+        o.block_kv = bkv;
+        const ErrorReport r = run_and_check(c, o, isa());
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << " offset " << (offset ? std::to_string(*offset) : "default")
+                          << " blocks " << bq << "/" << bkv << ": " << r.describe();
+      }
+}
+
+TEST_P(FlashBackward, WindowsMatchReference) {
+  int seed = 200;
+  struct Window {
+    std::int64_t left, right;
+    bool causal;
+  };
+  for (const Window& w : {Window{5, 3, false}, Window{0, 0, false}, Window{40, -1, false}, Window{17, -1, true}}) {
+    BackwardCase c(Shape{1, 2, 2, 45, 90, 64}, DType::bf16, Layout::contiguous, ++seed);
+    Options o;
+    o.causal = w.causal;
+    o.block_kv = 32;
+    const ErrorReport r = run_and_check(c, o, isa(), w.left, w.right);
+    EXPECT_TRUE(r.ok) << "window (" << w.left << ", " << w.right << ")" << (w.causal ? " causal" : "") << ": "
+                      << r.describe();
+  }
+}
+
+// The FlashAttention and padded layouts (every tensor, gradients included) give the contiguous bits;
+// 1 and 2 threads too.
+TEST_P(FlashBackward, LayoutsAndThreadCountsKeepTheBits) {
+  const Shape shape{2, 2, 3, 41, 77, 64};
+  for (bool causal : {false, true}) {
+    Options o;
+    o.causal = causal;
+    o.block_kv = 32;
+    std::vector<float> base;
+    for (Layout layout : {Layout::contiguous, Layout::fa, Layout::padded})
+      for (int threads : {1, 2}) {
+        o.threads = threads;
+        BackwardCase c(shape, DType::bf16, layout, 5);
+        std::vector<float> values;
+        const ErrorReport r = run_and_check(c, o, isa(), -1, -1, &values);
+        EXPECT_TRUE(r.ok) << r.describe();
+        if (base.empty())
+          base = values;
+        else
+          EXPECT_TRUE(testing::bitwise_equal(base, values)) << "layout " << static_cast<int>(layout) << " threads "
+                                                            << threads << (causal ? " causal" : "");
+      }
+  }
+}
+
+// Rows that see no key get zero dq; keys no row sees get zero dk, dv; T = 0 and S = 0 write zeros.
+TEST_P(FlashBackward, EdgeCasesGiveZeros) {
+  {
+    BackwardCase c(Shape{1, 1, 2, 6, 9, 64}, DType::f32, Layout::contiguous, 9);
+    Options o;
+    o.causal = true;
+    o.causal_offset = -3;  // queries 0..2 see no key; keys 6..8 are seen by no query
+    EXPECT_TRUE(run_and_check(c, o, isa()).ok);
+    const BackwardProblem p = c.problem(o);
+    for (std::int64_t g = 0; g < 2; ++g)
+      for (std::int64_t t = 0; t < 3; ++t)
+        for (std::int64_t h = 0; h < 64; ++h) EXPECT_EQ(load_element(p.dq_row(0, 0, g, t), p.dq_dtype, h), 0.0f);
+    for (std::int64_t s = 6; s < 9; ++s)
+      for (std::int64_t h = 0; h < 64; ++h) {
+        EXPECT_EQ(load_element(p.dk_row(0, 0, s), p.dk_dtype, h), 0.0f);
+        EXPECT_EQ(load_element(p.dv_row(0, 0, s), p.dv_dtype, h), 0.0f);
+      }
+  }
+  for (const Shape& shape : {Shape{1, 2, 2, 0, 5, 32}, Shape{1, 2, 2, 4, 0, 32}}) {
+    BackwardCase c(shape, DType::f32, Layout::contiguous, 11);
+    const ErrorReport r = run_and_check(c, Options{}, isa());
+    EXPECT_TRUE(r.ok) << testing::to_string(shape) << ": " << r.describe();
+    for (float x : gradient_values(c.problem(Options{}))) EXPECT_EQ(x, 0.0f) << testing::to_string(shape);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashBackward,
+                         ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
+                         [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
+
+}  // namespace
+}  // namespace flashgqa
