@@ -36,7 +36,7 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block: a multiple of 32 and of MR (12)
-constexpr std::int64_t kDefaultBlockKV = 256;  // keys per KV block (docs/performance.md, "Backward")
+constexpr std::int64_t kDefaultBlockKV = 512;  // keys per KV block (docs/performance.md, "Backward")
 // Bytes of packed operands one group of heads may hold (at least one head is always allowed).
 constexpr std::int64_t kPackedGroupBytes = std::int64_t{512} << 20;
 
@@ -145,9 +145,12 @@ struct Workspace {
   }
 };
 
-// The S and dP tiles [nq][npad] of rows [t0, t0 + nq) of head g against KV block j.
+// The S and dP tiles [nq][npad] of rows [t0, t0 + nq) of head g against KV block j (keys from s0),
+// per register tile of rows only over the panels some row of the tile sees (the rest is left unwritten:
+// softmax_grad never reads it).
 void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
-                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t npad) {
+                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t s0,
+                   std::int64_t npad) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
   const char* q = part<char>(pk.q, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
@@ -157,7 +160,8 @@ void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspa
   const char* vk = part<char>(pk.vk, at, plan);
   for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
     const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
-    for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
+    const KeyRange seen = p.visible_keys(t0 + r0, t0 + r0 + nr).clamp_to(s0, s0 + npad, s0);
+    for (std::int64_t c = seen.begin / kPanelKeys * kPanelKeys; c < seen.end; c += kPanelKeys) {
       kern.qk_tile({w.logits.as<float>() + r0 * npad + c, npad, q + r0 * Hp * ob, Hp, k + c * Hp * ob, Hp, p.scale, nr});
       kern.qk_tile({w.dp.as<float>() + r0 * npad + c, npad, dout + r0 * Hp * ob, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
     }
@@ -188,18 +192,21 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
     std::fill(x + keys.end, x + npad, kNegInf);
     plan.kern->exp_n(srow, x, npad);
     const float D = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
-    for (std::int64_t j = 0; j < npad; ++j) dprow[j] = srow[j] * (dprow[j] - D);
+    std::fill(dprow, dprow + keys.begin, 0.0f);
+    for (std::int64_t j = keys.begin; j < keys.end; ++j) dprow[j] = srow[j] * (dprow[j] - D);
+    std::fill(dprow + keys.end, dprow + npad, 0.0f);
   }
 }
 
-// acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns [0, cols)
-// in 32-wide panels, over `keys` keys.
-void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t rows, std::int64_t cols, const void* W,
-                std::int64_t ldw, const void* V, std::int64_t panel_keys, std::int64_t keys) {
+// acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns
+// [col0, cols) (col0 a multiple of 32) in 32-wide panels, over `keys` keys.
+void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t rows, std::int64_t col0,
+                std::int64_t cols, const void* W, std::int64_t ldw, const void* V, std::int64_t panel_keys,
+                std::int64_t keys) {
   const std::int64_t ob = plan.operand_bytes;
   for (std::int64_t r0 = 0; r0 < rows; r0 += plan.mr) {
     const int nr = static_cast<int>(std::min(plan.mr, rows - r0));
-    for (std::int64_t c = 0; c < cols; c += kHTile)
+    for (std::int64_t c = col0; c < cols; c += kHTile)
       plan.kern->pv_tile({acc + r0 * ldo + c, ldo, static_cast<const char*>(W) + r0 * ldw * ob, ldw,
                           static_cast<const char*>(V) + c * panel_keys * ob, round_up(keys, 2), nullptr, nr});
   }
@@ -222,21 +229,24 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
       const std::int64_t nq = std::min(plan.bq, p.T - t0);
       const KeyRange seen = p.visible_keys(t0, t0 + nq);
       if (seen.end <= s0 || seen.begin >= s0 + n) continue;  // no row of the q block sees these keys
-      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, npad);
+      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
       softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
       // P and dS as V panels over the q block's rows (pairs along queries), keys as columns.
       kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
       kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
       const std::int64_t tt = (g * Hp) * plan.Tpad + t0;  // column t0 of head g's transposed rows
-      accumulate(plan, dvt, npad, Hp, npad, part<char>(pk.doutt, hg * plan.trans_size + tt, plan), plan.Tpad,
+      // Only the key columns some row of the q block sees (the others' P and dS are 0).
+      const KeyRange cols = seen.clamp_to(s0, s0 + n, s0);
+      const std::int64_t col0 = cols.begin / kPanelKeys * kPanelKeys, col1 = padded_keys(cols.end);
+      accumulate(plan, dvt, npad, Hp, col0, col1, part<char>(pk.doutt, hg * plan.trans_size + tt, plan), plan.Tpad,
                  w.w1.data(), padded_keys(nq), nq);  // dV^T += dO^T P
-      accumulate(plan, dkt, npad, Hp, npad, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
+      accumulate(plan, dkt, npad, Hp, col0, col1, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
                  w.w2.data(), padded_keys(nq), nq);  // dK^T += Q^T dS
       // dS rows as weights [nq][npad], then dQ += dS K.
       for (std::int64_t i = 0; i < nq; ++i)
         kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
                         {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
-      accumulate(plan, dq + (g * plan.Tpad + t0) * Hp, Hp, nq, Hp, w.w3.data(), npad, k_as_v, npad, n);
+      accumulate(plan, dq + (g * plan.Tpad + t0) * Hp, Hp, nq, 0, Hp, w.w3.data(), npad, k_as_v, npad, cols.end);
     }
   float* row = w.row.data();
   for (std::int64_t i = 0; i < n; ++i) {
