@@ -96,6 +96,19 @@ void check_distinct_elements(const TensorView& t, const char* name) {
   }
 }
 
+// t (named `name`) must have the shape of `like` (named `like_name`); both of like's rank.
+void check_same_shape(const TensorView& t, const char* name, const TensorView& like, const char* like_name) {
+  for (int d = 0; d < like.rank; ++d)
+    if (t.shape[static_cast<std::size_t>(d)] != like.shape[static_cast<std::size_t>(d)])
+      fail(std::string(name) + ": shape " + shape_string(t) + ", expected the shape of " + like_name + " " +
+           shape_string(like));
+}
+
+// dst[d] = t.stride[d] for d < n.
+void copy_strides(std::int64_t* dst, const TensorView& t, int n) {
+  for (int d = 0; d < n; ++d) dst[d] = t.stride[static_cast<std::size_t>(d)];
+}
+
 bool overlaps(const Extent& a, const Extent& b) {
   return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
 }
@@ -158,9 +171,7 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
   check_dim(k, "k", 0, B, "B");
   check_dim(k, "k", 1, K, "K");
   check_dim(k, "k", 3, H, "H");
-  for (int d = 0; d < 4; ++d)
-    if (v.shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
-      fail("v: shape " + shape_string(v) + ", expected the shape of k " + shape_string(k));
+  check_same_shape(v, "v", k, "k");
   checked_extent(q, "q");
   checked_extent(k, "k");
   checked_extent(v, "v");
@@ -188,9 +199,7 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   p.T = q.shape[3];
   p.H = q.shape[4];
   p.S = k.shape[2];
-  for (int d = 0; d < 5; ++d)
-    if (out.shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
-      fail("out: shape " + shape_string(out) + ", expected the shape of q " + shape_string(q));
+  check_same_shape(out, "out", q, "q");
 
   const Extent eq = checked_extent(q, "q"), ek = checked_extent(k, "k"),
                ev = checked_extent(v, "v"), eo = checked_extent(out, "out");
@@ -214,25 +223,21 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
     if (overlaps(el, eq) || overlaps(el, ek) || overlaps(el, ev) || overlaps(el, eo))
       fail("lse: memory overlaps q, k, v or out, expected a separate buffer");
     p.lse = static_cast<float*>(lse->data);
-    for (int d = 0; d < 4; ++d) p.lse_stride[d] = lse->stride[static_cast<std::size_t>(d)];
+    copy_strides(p.lse_stride, *lse, 4);
   }
 
   p.q = q.data;
   p.q_dtype = q.dtype;
+  copy_strides(p.q_stride, q, 4);
   p.out = out.data;
   p.out_dtype = out.dtype;
-  for (int d = 0; d < 4; ++d) {
-    p.q_stride[d] = q.stride[static_cast<std::size_t>(d)];
-    p.out_stride[d] = out.stride[static_cast<std::size_t>(d)];
-  }
+  copy_strides(p.out_stride, out, 4);
   p.k = k.data;
   p.k_dtype = k.dtype;
+  copy_strides(p.k_stride, k, 3);
   p.v = v.data;
   p.v_dtype = v.dtype;
-  for (int d = 0; d < 3; ++d) {
-    p.k_stride[d] = k.stride[static_cast<std::size_t>(d)];
-    p.v_stride[d] = v.stride[static_cast<std::size_t>(d)];
-  }
+  copy_strides(p.v_stride, v, 3);
 
   p.scale = static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.H))));
   p.causal = options.causal;
@@ -257,15 +262,11 @@ BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk
   const std::pair<const TensorView*, const char*> like_k[] = {{&dk, "dk"}, {&dv, "dv"}};
   for (const auto& [t, name] : like_q) {
     check_view(*t, name, 5, "[B,K,G,T,H]");
-    for (int d = 0; d < 5; ++d)
-      if (t->shape[static_cast<std::size_t>(d)] != q.shape[static_cast<std::size_t>(d)])
-        fail(std::string(name) + ": shape " + shape_string(*t) + ", expected the shape of q " + shape_string(q));
+    check_same_shape(*t, name, q, "q");
   }
   for (const auto& [t, name] : like_k) {
     check_view(*t, name, 4, "[B,K,S,H]");
-    for (int d = 0; d < 4; ++d)
-      if (t->shape[static_cast<std::size_t>(d)] != k.shape[static_cast<std::size_t>(d)])
-        fail(std::string(name) + ": shape " + shape_string(*t) + ", expected the shape of k " + shape_string(k));
+    check_same_shape(*t, name, k, "k");
   }
   // The gradients are written: distinct elements, apart from each other and from every input.
   const Extent inputs[] = {checked_extent(q, "q"), checked_extent(k, "k"), checked_extent(v, "v"),
@@ -287,20 +288,16 @@ BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk
   }
   p.dout = dout.data;
   p.dout_dtype = dout.dtype;
+  copy_strides(p.dout_stride, dout, 4);
   p.dq = dq.data;
   p.dq_dtype = dq.dtype;
-  for (int d = 0; d < 4; ++d) {
-    p.dout_stride[d] = dout.stride[static_cast<std::size_t>(d)];
-    p.dq_stride[d] = dq.stride[static_cast<std::size_t>(d)];
-  }
+  copy_strides(p.dq_stride, dq, 4);
   p.dk = dk.data;
   p.dk_dtype = dk.dtype;
+  copy_strides(p.dk_stride, dk, 3);
   p.dv = dv.data;
   p.dv_dtype = dv.dtype;
-  for (int d = 0; d < 3; ++d) {
-    p.dk_stride[d] = dk.stride[static_cast<std::size_t>(d)];
-    p.dv_stride[d] = dv.stride[static_cast<std::size_t>(d)];
-  }
+  copy_strides(p.dv_stride, dv, 3);
   return p;
 }
 
