@@ -26,6 +26,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -39,6 +40,13 @@ namespace flashgqa {
 class Error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
+};
+
+// Thrown when a call stops early because Options::interrupt was set (the outputs are then partly
+// written and must not be used).
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted") {}
 };
 
 // Every enum below has one table of {value, name}, in the order front ends list the choices: its
@@ -158,6 +166,9 @@ struct Options {
   // Worker threads; 0 = all cores (OMP_NUM_THREADS when set). A larger count than the machine's
   // processors (or OMP_NUM_THREADS, if larger) is capped to it; results do not depend on the count.
   int threads = 0;
+  // When not null, polled between tasks (and between KV blocks in the ladder's rungs): once it reads
+  // true, the call stops and throws Interrupted. For Ctrl-C: a signal handler can set it.
+  const std::atomic<bool>* interrupt = nullptr;
 };
 
 // out <- attention(q, k, v). out must not overlap q, k or v.

@@ -26,6 +26,9 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <atomic>
+#include <signal.h>
+#include <mutex>
 #include <climits>
 #include <cstdint>
 #include <optional>
@@ -324,6 +327,55 @@ flashgqa::Options make_options(bool causal, nb::handle causal_offset, nb::handle
   return o;
 }
 
+// Ctrl-C during a call. While any call runs, SIGINT only sets g_sigint (async-signal-safe); the
+// library polls it between tasks (Options::interrupt) and stops with flashgqa::Interrupted, which
+// becomes KeyboardInterrupt. The previous handler (Python's) is restored when the last running call
+// returns, and a SIGINT that came too late to stop the call is raised again then, so Python still sees
+// it. Not installed where SIGINT is ignored.
+std::atomic<bool> g_sigint{false};
+std::mutex g_sigint_mutex;
+int g_sigint_calls = 0;  // calls running with the handler installed
+struct sigaction g_sigint_previous {};
+
+extern "C" void on_sigint(int) { g_sigint.store(true, std::memory_order_relaxed); }
+
+class SigintWatch {
+ public:
+  SigintWatch() {
+    std::lock_guard<std::mutex> lock(g_sigint_mutex);
+    if (g_sigint_calls++ > 0) return;
+    g_sigint.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &g_sigint_previous);
+    if (g_sigint_previous.sa_handler == SIG_IGN) sigaction(SIGINT, &g_sigint_previous, nullptr);
+  }
+  ~SigintWatch() {
+    std::lock_guard<std::mutex> lock(g_sigint_mutex);
+    if (--g_sigint_calls > 0) return;
+    if (g_sigint_previous.sa_handler != SIG_IGN) sigaction(SIGINT, &g_sigint_previous, nullptr);
+    if (g_sigint.exchange(false) && !stopped) raise(SIGINT);  // too late to stop the call: Python's turn
+  }
+  SigintWatch(const SigintWatch&) = delete;
+  SigintWatch& operator=(const SigintWatch&) = delete;
+  bool stopped = false;  // the call threw Interrupted: KeyboardInterrupt is already on its way
+};
+
+// Runs call(options) with the GIL released and Ctrl-C watched.
+template <typename Call>
+void run_interruptible(flashgqa::Options options, Call call) {
+  options.interrupt = &g_sigint;
+  SigintWatch watch;
+  try {
+    nb::gil_scoped_release release;
+    call(options);
+  } catch (const flashgqa::Interrupted&) {
+    watch.stopped = true;
+    throw;
+  }
+}
+
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                bool causal, nb::handle causal_offset, nb::handle scale, nb::handle precision,
                nb::handle algo, nb::handle block_q, nb::handle block_kv, nb::handle threads) {
@@ -331,11 +383,12 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   const flashgqa::Options o =
       make_options(causal, causal_offset, scale, precision, algo, block_q, block_kv, threads);
-  nb::gil_scoped_release release;
-  if (c.has_lse)
-    flashgqa::attention(c.out.view, c.lse.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
-  else
-    flashgqa::attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
+  run_interruptible(o, [&](const flashgqa::Options& opts) {
+    if (c.has_lse)
+      flashgqa::attention(c.out.view, c.lse.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
+    else
+      flashgqa::attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
+  });
 }
 
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
@@ -345,8 +398,9 @@ void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
                                            nb::none(), block_kv, threads);
-  nb::gil_scoped_release release;
-  flashgqa::linear_attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, o);
+  run_interruptible(o, [&](const flashgqa::Options& opts) {
+    flashgqa::linear_attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
+  });
 }
 
 void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
@@ -356,9 +410,10 @@ void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle 
   const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
   const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
                                            block_q, block_kv, threads);
-  nb::gil_scoped_release release;
-  flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
-                               c.in.k.view, c.in.v.view, c.out.view, c.lse.view, o);
+  run_interruptible(o, [&](const flashgqa::Options& opts) {
+    flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
+                                 c.in.k.view, c.in.v.view, c.out.view, c.lse.view, opts);
+  });
 }
 
 nb::dict describe(const flashgqa::TensorView& t) {
@@ -414,6 +469,8 @@ NB_MODULE(_flashgqa, m) {
       std::rethrow_exception(p);
     } catch (const flashgqa::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const flashgqa::Interrupted&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
     }
   });
 

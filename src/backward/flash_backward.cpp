@@ -346,7 +346,7 @@ void flash_backward(const BackwardProblem& bp, Isa isa) {
   for (std::int64_t g = 0; g < ngroups; ++g)
     group_first[static_cast<std::size_t>(g + 1)] += group_first[static_cast<std::size_t>(g)];
   run_grouped_tasks_then_merges(
-      p.threads, p.H, group_first,
+      p, group_first,
       [&](std::int64_t g) { return std::min(heads, (g + 1) * per) - g * per; },
       [&](std::int64_t g, std::int64_t i) {
         const std::int64_t head = g * per + i;

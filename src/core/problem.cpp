@@ -249,6 +249,7 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   p.block_q = options.block_q;
   p.block_kv = options.block_kv;
   p.threads = resolve_threads(options.threads);
+  p.interrupt = options.interrupt;
   return p;
 }
 

@@ -53,6 +53,13 @@ struct Problem {
   std::int64_t block_q = 0;   // 0 = automatic
   std::int64_t block_kv = 0;  // 0 = automatic
   int threads = 1;            // resolved: >= 1
+  const std::atomic<bool>* interrupt = nullptr;  // Options::interrupt
+
+  // Throws Interrupted once the caller's interrupt flag is set (cheap: one relaxed load).
+  void check_interrupt() const {
+    if (interrupted()) throw Interrupted();
+  }
+  bool interrupted() const { return interrupt != nullptr && interrupt->load(std::memory_order_relaxed); }
 
   // Element addresses.
   const void* q_row(std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t) const {

@@ -119,7 +119,7 @@ void flash_attention_decode(const Problem& p, const FlashKernels& k) {
   const Plan plan = make_plan(p, k);
   SplitPartials parts(plan.work, plan.M, plan.Hp);
   run_tasks_then_merges(
-      p.threads, p.H, static_cast<std::int64_t>(plan.work.tasks.size()),
+      p, static_cast<std::int64_t>(plan.work.tasks.size()),
       static_cast<std::int64_t>(plan.work.merges.size()), [&] { return Workspace(plan); },
       [&](std::int64_t i, Workspace& w) { run_task(p, plan, plan.work.tasks[static_cast<std::size_t>(i)], w, parts); },
       [&](std::int64_t i, float* acc) {

@@ -233,7 +233,7 @@ void flash_attention(const Problem& p, Isa isa) {
   PackedKV kv(plan);  // one group of heads at a time
   const std::int64_t heads = p.B * p.K;
   run_grouped_tasks_then_merges(
-      p.threads, p.H, plan.group_first,
+      p, plan.group_first,
       [&](std::int64_t g) {  // the group's (head, block) pairs
         return (std::min(heads, (g + 1) * plan.heads_per_group) - g * plan.heads_per_group) * plan.kv_blocks;
       },

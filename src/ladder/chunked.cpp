@@ -32,6 +32,7 @@ void chunked_attention(const Problem& p) {
       // The chunks that hold a key some query sees.
       const KeyRange keys = p.visible_keys(0, p.T);
       for (std::int64_t s0 = keys.begin / bkv * bkv; s0 < keys.end; s0 += bkv) {
+        p.check_interrupt();  // between KV chunks, outside the parallel regions
         const std::int64_t n = std::min(bkv, p.S - s0);
         pack_kv_block(kv, kernels, p, b, kh, s0, n);
         const std::int64_t ldl = kv.npad;

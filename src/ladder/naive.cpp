@@ -28,6 +28,7 @@ void naive_attention(const Problem& p) {
       P.reserve(kernels, p.T, ldl);
       float* l_all = L.as<float>();
       for (std::int64_t g = 0; g < p.G; ++g) {
+        p.check_interrupt();  // between heads, outside the parallel regions
         pack_q_head(Q, kernels, p, b, kh, g);
         O.assign_zero(p.T, kernels.Hp);
         // Row tiles are independent: threads split them.
