@@ -86,10 +86,12 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
   char* dout = part<char>(pk.dout, head_in_group * plan.rows_size, plan);
   void* qt = part<char>(pk.qt, head_in_group * plan.trans_size, plan);
   void* doutt = part<char>(pk.doutt, head_in_group * plan.trans_size, plan);
-  std::memset(q, 0, static_cast<std::size_t>(plan.rows_size * ob));
-  std::memset(dout, 0, static_cast<std::size_t>(plan.rows_size * ob));
-  std::memset(qt, 0, static_cast<std::size_t>(plan.trans_size * ob));
-  std::memset(doutt, 0, static_cast<std::size_t>(plan.trans_size * ob));
+  if (plan.rows_size > 0) {  // T = 0: nothing to pack (and the buffers are empty)
+    std::memset(q, 0, static_cast<std::size_t>(plan.rows_size * ob));
+    std::memset(dout, 0, static_cast<std::size_t>(plan.rows_size * ob));
+    std::memset(qt, 0, static_cast<std::size_t>(plan.trans_size * ob));
+    std::memset(doutt, 0, static_cast<std::size_t>(plan.trans_size * ob));
+  }
   float* D = pk.D.data() + head_in_group * p.G * p.T;
   for (std::int64_t g = 0; g < p.G; ++g)
     for (std::int64_t t = 0; t < p.T; ++t) {

@@ -243,29 +243,24 @@ TensorView NpyArray::view() {
   return t;
 }
 
-NpyArray read_npy(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    fail(path, "cannot open for reading: no such file, expected an existing .npy file");
-  if (!std::filesystem::is_regular_file(status))
-    fail(path, "not a regular file, expected a .npy file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff end = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (end < 0 || !in) fail(path, "cannot determine the file's size");
-  const auto size = static_cast<std::uint64_t>(end);
+namespace {
 
-  // Preamble: magic (6), major, minor, header length (2 bytes in 1.0, 4 in 2.0 and 3.0).
-  unsigned char pre[12] = {};
-  const std::size_t pre_read = static_cast<std::size_t>(std::min<std::uint64_t>(size, sizeof pre));
-  in.read(reinterpret_cast<char*>(pre), static_cast<std::streamsize>(pre_read));
-  if (!in) fail(path, "read error in the preamble");
+// Where a .npy file's elements are, from its preamble and header.
+struct NpyLayout {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t data_at = 0, data_bytes = 0;
+};
+
+// Parses the preamble and header of a .npy file of `size` bytes. `pre` holds its first
+// min(size, 12) bytes; read_text(offset, length) returns `length` bytes from `offset` (the header,
+// within the file: the caller checks nothing). Throws Error naming `path` for every malformed input.
+template <typename ReadText>
+NpyLayout parse_layout(const std::string& path, std::uint64_t size, const unsigned char* pre, ReadText read_text) {
+  const std::size_t pre_read = static_cast<std::size_t>(std::min<std::uint64_t>(size, 12));
   if (pre_read < kMagicSize || std::memcmp(pre, kMagic, kMagicSize) != 0)
     fail(path, "not a .npy file: it starts with '" +
-                   printable(std::string(reinterpret_cast<char*>(pre), std::min(pre_read, kMagicSize))) +
+                   printable(std::string(reinterpret_cast<const char*>(pre), std::min(pre_read, kMagicSize))) +
                    "', expected the magic string '\\x93NUMPY'");
   if (pre_read < kMagicSize + 2)
     fail(path, "truncated header: the file ends inside the preamble after " +
@@ -285,10 +280,7 @@ NpyArray read_npy(const std::string& path) {
                    "-byte header but only " + std::to_string(size - header_at) +
                    " bytes follow the preamble");
 
-  std::string text(static_cast<std::size_t>(header_len), '\0');
-  in.seekg(static_cast<std::streamoff>(header_at), std::ios::beg);
-  in.read(text.data(), static_cast<std::streamsize>(header_len));
-  if (!in) fail(path, "read error in the header");
+  const std::string text = read_text(header_at, header_len);
   Header h;
   try {
     h = HeaderParser(text).parse();
@@ -298,7 +290,7 @@ NpyArray read_npy(const std::string& path) {
                    "'shape': (3, 4), }");
   }
 
-  NpyArray a;
+  NpyLayout a;
   const std::optional<DType> dtype = dtype_of_descr(h.descr);
   if (!dtype)
     fail(path, "unsupported dtype '" + printable(h.descr) + "', expected " + kSupportedDtypes);
@@ -320,8 +312,62 @@ NpyArray read_npy(const std::string& path) {
                    dtype_name(a.dtype) + " needs " + std::to_string(bytes) +
                    " bytes of data, but the file has " + std::to_string(body) +
                    " bytes after the header");
+  a.data_at = header_at + header_len;
+  a.data_bytes = static_cast<std::uint64_t>(bytes);
+  return a;
+}
+
+}  // namespace
+
+NpyArray parse_npy(const void* bytes, std::size_t size, const std::string& name) {
+  const auto* b = static_cast<const unsigned char*>(bytes);
+  unsigned char pre[12] = {};
+  if (size > 0) std::memcpy(pre, b, std::min<std::size_t>(size, sizeof pre));
+  const NpyLayout l = parse_layout(name, size, pre, [&](std::uint64_t at, std::uint64_t n) {
+    return std::string(reinterpret_cast<const char*>(b) + at, static_cast<std::size_t>(n));
+  });
+  NpyArray a;
+  a.dtype = l.dtype;
+  a.shape = l.shape;
+  a.data.resize(static_cast<std::size_t>(l.data_bytes));
+  if (l.data_bytes > 0) std::memcpy(a.data.data(), b + l.data_at, static_cast<std::size_t>(l.data_bytes));
+  return a;
+}
+
+NpyArray read_npy(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    fail(path, "cannot open for reading: no such file, expected an existing .npy file");
+  if (!std::filesystem::is_regular_file(status))
+    fail(path, "not a regular file, expected a .npy file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, std::string("cannot open for reading: ") + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (end < 0 || !in) fail(path, "cannot determine the file's size");
+  const auto size = static_cast<std::uint64_t>(end);
+
+  // Preamble: magic (6), major, minor, header length (2 bytes in 1.0, 4 in 2.0 and 3.0).
+  unsigned char pre[12] = {};
+  in.read(reinterpret_cast<char*>(pre), static_cast<std::streamsize>(std::min<std::uint64_t>(size, sizeof pre)));
+  if (!in) fail(path, "read error in the preamble");
+  const NpyLayout l = parse_layout(path, size, pre, [&](std::uint64_t at, std::uint64_t n) {
+    std::string text(static_cast<std::size_t>(n), '\0');
+    in.seekg(static_cast<std::streamoff>(at), std::ios::beg);
+    in.read(text.data(), static_cast<std::streamsize>(n));
+    if (!in) fail(path, "read error in the header");
+    return text;
+  });
+
+  NpyArray a;
+  a.dtype = l.dtype;
+  a.shape = l.shape;
+  const auto bytes = static_cast<std::int64_t>(l.data_bytes);
   a.data.resize(static_cast<std::size_t>(bytes));
   if (bytes > 0) {
+    in.seekg(static_cast<std::streamoff>(l.data_at), std::ios::beg);
     in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(bytes));
     if (!in || in.gcount() != bytes)
       fail(path, "read error in the data after " + std::to_string(in.gcount()) + " of " +

@@ -26,6 +26,8 @@ struct NpyArray {
 
 // Reads the whole file at `path`.
 NpyArray read_npy(const std::string& path);
+// The same from the `size` bytes of a .npy file in memory; `name` stands for the path in messages.
+NpyArray parse_npy(const void* bytes, std::size_t size, const std::string& name);
 
 // Writes `data` (C order, numel(shape) elements of `dtype`) as a .npy file at `path`, replacing it.
 // `data` may be null when the shape has no elements.
