@@ -132,4 +132,9 @@ int flash_decode_kv_splits(const Problem& p, const FlashKernels& k) {
   return static_cast<int>(make_plan(p, k).work.max_splits());
 }
 
+KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k) {
+  if (p.B == 0 || p.T == 0) return {1, 0};
+  return make_plan(p, k).work.key_sums();
+}
+
 }  // namespace flashgqa

@@ -5,6 +5,7 @@
 // kernels (kernels/microkernels.hpp). flash_attention dispatches here when it applies.
 #pragma once
 
+#include "core/key_sums.hpp"
 #include "core/problem.hpp"
 #include "kernels/microkernels.hpp"
 
@@ -19,5 +20,8 @@ void flash_attention_decode(const Problem& p, const FlashKernels& k);
 
 // The number of KV splits per (b, kv head) the decode plan uses (1 = none). For tests.
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k);
+
+// How the decode path sums over keys (TaskPlan::key_sums of its plan).
+KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k);
 
 }  // namespace flashgqa

@@ -258,4 +258,11 @@ int flash_max_kv_splits(const Problem& p, Isa isa) {
   return static_cast<int>(make_plan(p, isa).work.max_splits());
 }
 
+KeySums flash_key_sums(const Problem& p, Isa isa) {
+  if (p.B == 0 || p.T == 0) return {1, 0};
+  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+    return flash_decode_key_sums(p, kern);
+  return make_plan(p, isa).work.key_sums();
+}
+
 }  // namespace flashgqa

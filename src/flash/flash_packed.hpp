@@ -4,6 +4,7 @@
 // decode path (flash_decode.hpp).
 #pragma once
 
+#include "core/key_sums.hpp"
 #include "core/problem.hpp"
 #include "kernels/cpu_features.hpp"
 
@@ -16,5 +17,8 @@ void flash_attention(const Problem& p, Isa isa);
 // The number of KV splits the plan uses for a problem (1 = none): a function of the shapes and block
 // sizes only, never of the thread count, so results do not depend on the thread count. For tests.
 int flash_max_kv_splits(const Problem& p, Isa isa);
+
+// How flash_attention(p, isa) sums over keys (decode or packed path; TaskPlan::key_sums of its plan).
+KeySums flash_key_sums(const Problem& p, Isa isa);
 
 }  // namespace flashgqa

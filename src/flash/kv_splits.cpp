@@ -18,6 +18,12 @@ std::int64_t TaskPlan::max_splits() const {
   return most;
 }
 
+KeySums TaskPlan::key_sums() const {
+  std::int64_t keys = 0;
+  for (const FlashTask& t : tasks) keys = std::max(keys, t.keys.size());
+  return {keys + max_splits() + 2, ceil_div(keys, std::max<std::int64_t>(bkv, 1)) + 2};
+}
+
 TaskPlan plan_tasks(const Problem& p, std::int64_t bq, std::int64_t bkv) {
   TaskPlan plan;
   plan.bq = bq;

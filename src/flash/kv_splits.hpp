@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
+#include "core/key_sums.hpp"
 #include "core/problem.hpp"
 
 namespace flashgqa {
@@ -57,6 +58,11 @@ struct TaskPlan {
   std::int64_t rows(const Problem& p, std::int64_t qb) const;
   // The most pieces any q block is split into (1: none).
   std::int64_t max_splits() const;
+  // The sums over keys of flash run on this plan (reference/tolerance.hpp): softmax_tile and pv_tile
+  // carry l and O across a task's blocks, so P·V chains a task's keys in one fp32 accumulator, and the
+  // pieces of a split are merged in slot order: depth = keys of the longest task + pieces + 2;
+  // rescales = its KV blocks + 2 (a task may start inside a block; the merge's factor).
+  KeySums key_sums() const;
 };
 
 // Tasks for every (b, kv head, q block of bq positions) of p, KV pieces aligned to bkv blocks.

@@ -2,6 +2,7 @@
 // core/problem.hpp) and writes p.out (and p.lse when set).
 #pragma once
 
+#include "core/key_sums.hpp"
 #include "core/problem.hpp"
 
 namespace flashgqa {
@@ -15,6 +16,11 @@ void linear_attention_chunked(const Problem& p);    // linear_attention.cpp
 
 // The rung `algorithm` on p (ladder.cpp): the one dispatch the API and the tests share.
 void run_algorithm(const Problem& p, Algorithm algorithm);
+
+// How the rung `algorithm` sums over keys on p, for the error bounds (core/key_sums.hpp,
+// reference/tolerance.hpp), and the same for linear_attention_chunked.
+KeySums key_sums(const Problem& p, Algorithm algorithm);
+KeySums linear_key_sums(const Problem& p);
 
 // Default KV chunk of the chunked rungs and kernel1: the seed's bkv.
 inline constexpr std::int64_t kSeedBlockKV = 1024;

@@ -28,11 +28,12 @@ using testing::make_case;
 using testing::Shape;
 using testing::bitwise_equal;
 
-// Runs `o` on the case and compares out and lse with the reference.
+// Runs `o` on the case and compares out and lse with the reference, bounded with the algorithm's own
+// sums over keys (key_sums).
 ErrorReport run_and_check(AttentionCase& c, const Options& o) {
   attention(c.out, c.lse, c.q, c.k, c.v, o);
   const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
-  return check_against_reference(p, reference_attention(p));
+  return check_against_reference(p, reference_attention(p), key_sums(p, o.algorithm));
 }
 
 class Ladder : public ::testing::TestWithParam<Algorithm> {
@@ -155,10 +156,77 @@ TEST_P(Ladder, WindowsMatchReference) {
       p.window_left = w.left;
       p.window_right = w.right;
       run_algorithm(p, GetParam());
-      const ErrorReport r = check_against_reference(p, reference_attention(p));
+      const ErrorReport r = check_against_reference(p, reference_attention(p), key_sums(p, GetParam()));
       EXPECT_TRUE(r.ok) << testing::to_string(shape) << " window (" << w.left << ", " << w.right << ")"
                         << (w.causal ? " causal: " : ": ") << r.describe();
     }
+}
+
+// Subnormal inputs (~1e-40): the avx512bf16 kernels flush them to zero (vdpbf16ps, vcvtne2ps2bf16) and
+// return 0 where the others keep ~1e-40; the bound's underflow terms (tolerance.hpp) allow exactly that,
+// on every instruction set. Also a mix: normal rows with subnormal q, k and v entries among them.
+TEST_P(Ladder, SubnormalInputsPassOnEveryInstructionSet) {
+  const Isa saved = active_isa();
+  int seed = 700;
+  for (Isa isa : supported_isas()) {
+    set_isa(isa);
+    for (const Shape& shape : {Shape{1, 2, 3, 29, 45, 64}, Shape{1, 2, 2, 1, 70, 80}})
+      for (Precision precision : {Precision::bf16, Precision::f32})
+        for (bool mixed : {false, true}) {
+          Options o = options();
+          o.precision = precision;
+          AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, ++seed,
+                                      mixed ? 1.0f : 1e-40f);
+          if (mixed)
+            for (std::int64_t s = 0; s < shape.S; s += 2)
+              for (std::int64_t h = 0; h < shape.H; h += 3) {
+                c.set_k(0, 0, s, h, 3e-39f);
+                c.set_v(0, 1, s, h, -5e-40f);
+                if (s < shape.T) c.set_q(0, 1, 1, s, h, 1e-39f);
+              }
+          const ErrorReport r = run_and_check(c, o);
+          EXPECT_TRUE(r.ok) << isa_name(isa) << " " << testing::to_string(shape) << " "
+                            << precision_name(precision) << (mixed ? " mixed: " : ": ") << r.describe();
+        }
+  }
+  set_isa(saved);
+}
+
+// Long sums: S = 2^18 identical keys (zero: every logit 0, so every weight is exp(0) = 1 in every rung,
+// chunked-unstable's too) and out is the mean of v (~0.7, all positive); a sequential fp32 sum of 2^18
+// such terms drifts by ~1%. (Identical nonzero logits would give chunked-unstable 2^18 weights exp(l)
+// with one and the same bf16 rounding, which the mean bound's independence assumption does not cover.) The rungs sum in chains
+// (rung_kernels.hpp) and flash splits its keys (kv_splits.hpp), and the bound from their depths
+// (key_sums) must pass every rung, stay below 1% of |out| (a bound that means something), and
+// reject an error of 3%.
+TEST_P(Ladder, LongSumsPassABoundThatMeansSomething) {
+  const Shape shape{1, 1, 2, 2, std::int64_t{1} << 18, 32};
+  for (Precision precision : {Precision::bf16, Precision::f32}) {
+    AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 31, 0.1f);
+    for (std::int64_t s = 0; s < shape.S; ++s)
+      for (std::int64_t h = 0; h < shape.H; ++h) {
+        c.set_k(0, 0, s, h, 0.0f);  // every key the same
+        c.set_v(0, 0, s, h, 0.7f + 0.05f * static_cast<float>((s * 7 + h) % 11) / 11.0f);
+      }
+    Options o = options();
+    o.precision = precision;
+    attention(c.out, c.lse, c.q, c.k, c.v, o);
+    const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
+    const ReferenceResult ref = reference_attention(p);
+    const KeySums sums = key_sums(p, GetParam());
+    const ErrorReport r = check_against_reference(p, ref, sums);
+    EXPECT_TRUE(r.ok) << precision_name(precision) << " depth " << sums.depth << ": " << r.describe();
+    const Underflow z = forward_underflow(p, ref.max_abs_q, ref.max_abs_k, ref.max_abs_v);
+    for (std::size_t i = 0; i < ref.out.size(); ++i) {
+      const double a = ref.abs_logit[i / static_cast<std::size_t>(shape.H)];
+      const double bound = forward_out_error(p, sums, a, ref.abs_pv[i], ref.out[i], z);
+      ASSERT_LT(bound, 0.01 * std::fabs(ref.out[i])) << precision_name(precision) << " element " << i;
+    }
+    EXPECT_LT(r.mean_bound, 0.01 * 0.7);
+    float* out = static_cast<float*>(c.out.data);
+    out[3] *= 1.03f;  // a plausible bug: 3% off in one element
+    EXPECT_FALSE(check_against_reference(p, ref, sums).ok) << precision_name(precision);
+  }
 }
 
 // A thread count far beyond the machine is capped, not passed to OpenMP (10^6 crashed naive, chunked

@@ -49,8 +49,7 @@ void naive_attention(const Problem& p) {
           const float shift = std::isinf(m) && m < 0 ? 0.0f : m;
           for (std::int64_t j = 0; j < p.S; ++j) l[j] -= shift;
           exp_row(kernels, l, l, p.S);
-          float sum = 0.0f;
-          for (std::int64_t j = 0; j < p.S; ++j) sum += l[j];
+          const float sum = blocked_sum(l, p.S);
           const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
           for (std::int64_t j = 0; j < p.S; ++j) l[j] = round_weight(l[j] * inv, p.precision);
           denom[static_cast<std::size_t>(t)] = sum;

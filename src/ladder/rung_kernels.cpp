@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/dtype.hpp"
+#include "core/int_math.hpp"
 
 namespace flashgqa {
 
@@ -115,19 +116,49 @@ void pack_p_rows(PRows& dst, const RungKernels& kernels, const float* W, std::in
 
 void pv_accumulate(float* O, const RungKernels& kernels, const PRows& P, std::int64_t r0, std::int64_t r1,
                    const KvBlock& kv) {
-  for (std::int64_t r = r0; r < r1; r += kernels.kern->mr)
-    for (std::int64_t c = 0; c < kernels.Hp / kHTile; ++c) {
-      PvTile t{};
-      t.o = O + r * kernels.Hp + c * kHTile;
-      t.ldo = kernels.Hp;
-      t.p = row_at(P.data, kernels, P.ld, r);
-      t.ldp = P.ld;
-      t.v = kv.v.as<char>() + c * kv.npad * kHTile * kernels.operand_bytes;
-      t.nkeys = kv.npad;
-      t.corr = nullptr;
-      t.rows = static_cast<int>(std::min<std::int64_t>(kernels.kern->mr, r1 - r));
-      kernels.kern->pv_tile(t);
-    }
+  constexpr int kMaxRows = 16;  // >= every kernel set's mr
+  alignas(64) float chain[kMaxRows * kHTile];  // one register tile's chain sums [rows][kHTile]
+  for (std::int64_t r = r0; r < r1; r += kernels.kern->mr) {
+    const int rows = static_cast<int>(std::min<std::int64_t>(kernels.kern->mr, r1 - r));
+    for (std::int64_t c = 0; c < kernels.Hp / kHTile; ++c)
+      for (std::int64_t j0 = 0; j0 < kv.npad; j0 += kSumKeys) {
+        std::fill(chain, chain + rows * kHTile, 0.0f);
+        PvTile t{};
+        t.o = chain;
+        t.ldo = kHTile;
+        t.p = row_at(P.data, kernels, P.ld, r) + j0 * kernels.operand_bytes;
+        t.ldp = P.ld;
+        t.v = kv.v.as<char>() + (c * kv.npad + j0) * kHTile * kernels.operand_bytes;
+        t.nkeys = std::min(kSumKeys, kv.npad - j0);
+        t.corr = nullptr;
+        t.rows = rows;
+        kernels.kern->pv_tile(t);  // chain = P[r, j0..) V[j0.., c]
+        for (int i = 0; i < rows; ++i) {
+          float* o = O + (r + i) * kernels.Hp + c * kHTile;
+          for (int h = 0; h < kHTile; ++h) o[h] += chain[i * kHTile + h];  // O += chain
+        }
+      }
+  }
+}
+
+float blocked_sum(const float* x, std::int64_t n) {
+  float total = 0.0f;
+  for (std::int64_t j0 = 0; j0 < n; j0 += kSumKeys) {
+    float chain = 0.0f;
+    for (std::int64_t j = j0; j < std::min(n, j0 + kSumKeys); ++j) chain += x[j];
+    total += chain;
+  }
+  return total;
+}
+
+KeySums rung_key_sums(const Problem& p, std::int64_t bkv, bool rescaled) {
+  const std::int64_t S = std::max<std::int64_t>(p.S, 1);
+  bkv = std::clamp<std::int64_t>(bkv, 1, S);
+  const std::int64_t blocks = ceil_div(S, bkv);
+  const std::int64_t chains = blocks * ceil_div(bkv, kSumKeys);
+  // P·V: min(bkv, kSumKeys) in a chain, then one addition per chain into O. Denominators: blocked_sum
+  // (min(bkv, kSumKeys) + ceil(bkv / kSumKeys)), then one addition per block: no more than P·V's + 1.
+  return {std::min(bkv, kSumKeys) + chains + 1, rescaled ? blocks : 0};
 }
 
 void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
@@ -156,11 +187,8 @@ float online_softmax_update(const RungKernels& kernels, float* p, const float* l
   exp_row(kernels, p, p, n);
   float corr = m - base;
   exp_row(kernels, &corr, &corr, 1);
-  float sum = 0.0f;
-  for (std::int64_t j = 0; j < n; ++j) {
-    sum += p[j];
-    p[j] = round_weight(p[j], precision);
-  }
+  const float sum = blocked_sum(p, n);
+  for (std::int64_t j = 0; j < n; ++j) p[j] = round_weight(p[j], precision);
   l_sum = l_sum * corr + sum;
   m = m_new;
   return corr;

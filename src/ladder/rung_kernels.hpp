@@ -6,11 +6,18 @@
 // A q block holds `rows` queries [t0, t0 + rows) of all G heads of one kv head: row m of the block is
 // head g = m / rows, query t = t0 + m % rows (G·rows rows, so every K/V row serves the whole group).
 // Row-range functions take rows [r0, r1) so rungs can spread row tiles over threads.
+//
+// Sums over keys are chained, not sequential: pv_accumulate and blocked_sum add at most kSumKeys terms
+// in one fp32 chain and then add the chains' sums to the result one after another, so a term passes
+// through at most kSumKeys + (number of chains) additions instead of S (rung_key_sums: the depth the
+// error bounds use, reference/tolerance.hpp). At S = 2^22 a sequential fp32 sum of equal terms drifts
+// by percents; chains of 256 keep it near 1e-3 at worst.
 #pragma once
 
 #include <cstdint>
 
 #include "core/finish_rows.hpp"
+#include "core/key_sums.hpp"
 #include "core/problem.hpp"
 #include "core/aligned_buffer.hpp"
 #include "kernels/microkernels.hpp"
@@ -67,7 +74,12 @@ struct PRows {
 // P rows [r0, r1) <- W [r][0..n) (fp32 weights, already rounded per the precision), zero padded.
 void pack_p_rows(PRows& dst, const RungKernels& kernels, const float* W, std::int64_t ldw, std::int64_t r0,
                  std::int64_t r1, std::int64_t n);
-// O [r][0..Hp) += P[r] · V for rows [r0, r1); O rows have leading dimension Hp.
+// Keys per fp32 chain of the rungs' sums over keys (a multiple of kPanelKeys).
+inline constexpr std::int64_t kSumKeys = 256;
+
+// O [r][0..Hp) += P[r] · V for rows [r0, r1); O rows have leading dimension Hp. Each chain of kSumKeys
+// keys is summed from zero and then added to O.
+
 void pv_accumulate(float* O, const RungKernels& kernels, const PRows& P, std::int64_t r0, std::int64_t r1,
                    const KvBlock& kv);
 
@@ -75,6 +87,15 @@ void pv_accumulate(float* O, const RungKernels& kernels, const PRows& P, std::in
 // query t0 + m % rows may see (the block row order above; rows = M for a single head).
 void mask_logits(float* L, std::int64_t ldl, const Problem& p, std::int64_t M, std::int64_t t0,
                  std::int64_t rows, std::int64_t s0, std::int64_t N);
+
+// sum_j x[j], j < n, in chains of kSumKeys (chained_sum_depth(n, kSumKeys) additions per term).
+float blocked_sum(const float* x, std::int64_t n);
+
+// The sums over keys of a rung that walks the keys in blocks of bkv (S for one block), each block's
+// weights summed by blocked_sum and its P·V by pv_accumulate, both added to the row's carries, which
+// are rescaled once per block when `rescaled` (a running max): per term at most min(bkv, kSumKeys)
+// additions in its chain, one per later chain of any block, and one into the carry.
+KeySums rung_key_sums(const Problem& p, std::int64_t bkv, bool rescaled);
 
 // Rounds a softmax weight per the precision rule (bf16 for P·V under Precision::bf16).
 float round_weight(float w, Precision precision);
@@ -87,7 +108,7 @@ inline void exp_row(const RungKernels& kernels, float* dst, const float* src, st
 // One online-softmax step for one row: logits l [n] (masked entries -inf), running max m and sum
 // l_sum (updated). Writes the weights p [n] = exp(l - m_new), rounded for P·V (in place allowed),
 // sums them unrounded, and returns the factor exp(m_old - m_new) by which the row's accumulator must
-// be multiplied. A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
+// be multiplied. The weights are summed by blocked_sum. A NaN logit is skipped by the max and poisons the sum, so it reaches the output.
 float online_softmax_update(const RungKernels& kernels, float* p, const float* l, std::int64_t n, float& m,
                             float& l_sum, Precision precision);
 

@@ -47,6 +47,25 @@ void for_each_query(const Problem& p, const ReferenceResult& r, Body body) {
     }
 }
 
+// The largest finite |x| over the operands as rounded (q, k and v, all rows the problem reads).
+void operand_maxima(const Problem& p, ReferenceResult& r) {
+  auto fold = [&p](double& m, const void* row, DType dtype) {
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      const double x = std::fabs(operand(row, dtype, h, p.precision));
+      if (std::isfinite(x) && x > m) m = x;
+    }
+  };
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t kh = 0; kh < p.K; ++kh) {
+      for (std::int64_t g = 0; g < p.G; ++g)
+        for (std::int64_t t = 0; t < p.T; ++t) fold(r.max_abs_q, p.q_row(b, kh, g, t), p.q_dtype);
+      for (std::int64_t s = 0; s < p.S; ++s) {
+        fold(r.max_abs_k, p.k_row(b, kh, s), p.k_dtype);
+        fold(r.max_abs_v, p.v_row(b, kh, s), p.v_dtype);
+      }
+    }
+}
+
 ReferenceResult allocate(const Problem& p) {
   ReferenceResult r;
   r.B = p.B, r.K = p.K, r.G = p.G, r.T = p.T, r.H = p.H;
@@ -56,6 +75,7 @@ ReferenceResult allocate(const Problem& p) {
   r.abs_pv.assign(elems, 0.0);
   r.sq_pv.assign(elems, 0.0);
   r.abs_logit.assign(rows, 0.0);
+  operand_maxima(p, r);
   return r;
 }
 

@@ -22,6 +22,8 @@ struct ReferenceResult {
   std::vector<double> abs_logit;  // [B,K,G,T]: max_j |scale| sum_h |q_h k_jh|
   std::vector<double> abs_av;     // linear attention only, [B,K,G,T,H]: sum_j a_j |v_jh| with
                                   // a_j = |scale| sum_h |q_h k_jh| (bounds the logit error's effect)
+  // The largest finite |q|, |k|, |v| of the operands as rounded (the bounds' underflow terms).
+  double max_abs_q = 0.0, max_abs_k = 0.0, max_abs_v = 0.0;
 
   std::int64_t row(std::int64_t b, std::int64_t k, std::int64_t g, std::int64_t t) const {
     return ((b * K + k) * G + g) * T + t;

@@ -98,6 +98,14 @@ void row_softmax(RowSoftmax& r, const Problem& f, const double* q, const double*
   r.lse = base + std::log(sum);
 }
 
+// The largest finite |x| of x[0..n).
+double max_abs(const double* x, std::int64_t n) {
+  double m = 0.0;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (const double a = std::fabs(x[i]); std::isfinite(a) && a > m) m = a;
+  return m;
+}
+
 // x += term, with its magnitudes: abs += |term|, sq += term^2, err += budget.
 void accumulate(std::vector<double>& x, std::vector<double>& abs, std::vector<double>& sq,
                 std::vector<double>& err, std::int64_t i, double term, double budget) {
@@ -124,6 +132,7 @@ ReferenceGradients reference_attention_backward(const BackwardProblem& p) {
         load_operand_row(k.data() + s * H, f.k_row(b, kh, s), f.k_dtype, H, f.precision);
         load_operand_row(v.data() + s * H, f.v_row(b, kh, s), f.v_dtype, H, f.precision);
       }
+      const double max_k = max_abs(k.data(), f.S * H), max_v = max_abs(v.data(), f.S * H);
       for (std::int64_t g = 0; g < f.G; ++g)
         for (std::int64_t t = 0; t < f.T; ++t) {
           const KeyRange keys = f.visible_keys(t);
@@ -134,8 +143,9 @@ ReferenceGradients reference_attention_backward(const BackwardProblem& p) {
           const auto ri = static_cast<std::size_t>(r.row(b, kh, g, t));
           r.lse[ri] = row.lse;
           r.d[ri] = row.d;
-          const BackwardRowBudget budget =
-              backward_row_budget(p, row.a_max, row.lse, dout.data(), row.out.data(), row.abs_pv.data());
+          const Underflow z = backward_underflow(p, max_abs(q.data(), H), max_k, max_v, max_abs(dout.data(), H));
+          const BackwardRowBudget budget = backward_row_budget(p, row.a_max, row.lse, dout.data(), row.out.data(),
+                                                               row.abs_pv.data(), z);
           for (std::int64_t i = 0; i < keys.size(); ++i) {
             const auto u = static_cast<std::size_t>(i);
             const std::int64_t j = keys.begin + i;
@@ -148,12 +158,16 @@ ReferenceGradients reference_attention_backward(const BackwardProblem& p) {
               const std::int64_t qi = r.q_index(b, kh, g, t, h), kvi = r.kv_index(b, kh, j, h);
               const auto uh = static_cast<std::size_t>(h);
               // dq_t += scale dS k_j;  dk_j += scale dS q_t;  dv_j += P dout_t
+              // (each budget with the term's underflow, tolerance_backward.hpp)
               accumulate(r.dq, r.dq_abs, r.dq_sq, r.dq_err, qi, scale * ds * kj[h],
-                         abs_scale * pair.ds_err * std::fabs(kj[h]));
+                         abs_scale * pair.ds_err * std::fabs(kj[h]) +
+                             backward_term_underflow(p, ds, pair.ds_err, kj[h]));
               accumulate(r.dk, r.dk_abs, r.dk_sq, r.dk_err, kvi, scale * ds * q[uh],
-                         abs_scale * pair.ds_err * std::fabs(q[uh]));
+                         abs_scale * pair.ds_err * std::fabs(q[uh]) +
+                             backward_term_underflow(p, ds, pair.ds_err, q[uh]));
               accumulate(r.dv, r.dv_abs, r.dv_sq, r.dv_err, kvi, prob * dout[uh],
-                         pair.p_rel * prob * std::fabs(dout[uh]));
+                         pair.p_rel * prob * std::fabs(dout[uh]) +
+                             backward_term_underflow(p, prob, pair.p_rel * prob, dout[uh]));
             }
           }
         }

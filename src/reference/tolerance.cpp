@@ -1,5 +1,6 @@
 #include "reference/tolerance.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -15,6 +16,8 @@ double unit_roundoff(DType dtype) {
   return 1.0;
 }
 
+double underflow_roundoff(DType dtype) { return dtype == DType::f16 ? 0x1p-25 : kTinyNormal; }
+
 double operand_roundoff(Precision precision) { return precision == Precision::bf16 ? 0x1p-8 : kU32; }
 
 double fp32_gamma(std::int64_t n) {
@@ -22,26 +25,42 @@ double fp32_gamma(std::int64_t n) {
   return nu / (1.0 - nu);
 }
 
-double forward_logit_error(const Problem& p, double abs_logit) {
-  return (fp32_gamma(p.H) + 4 * kU32) * abs_logit;
+KeySums any_key_sums(const Problem& p) {
+  const std::int64_t s = std::max<std::int64_t>(p.S, 1);
+  return {s, s};
 }
 
-double forward_weight_rel_error(const Problem& p, double abs_logit) {
-  const double g_s = fp32_gamma(std::max<std::int64_t>(p.S, 1));
-  const double rescales = 2.0 * static_cast<double>(p.S) * (kExpRelError + kU32);
-  return std::expm1(2 * forward_logit_error(p, abs_logit)) + 2 * kExpRelError +
-         operand_roundoff(p.precision) + 2 * g_s + 2 * kU32 + rescales;
+Underflow forward_underflow(const Problem& p, double max_q, double max_k, double max_v) {
+  const auto H = static_cast<double>(p.H), S = static_cast<double>(std::max<std::int64_t>(p.S, 1));
+  const double abs_scale = std::fabs(static_cast<double>(p.scale));
+  Underflow z;
+  z.logit = abs_scale * kTinyNormal * H * (max_q + max_k + 2);
+  z.out = kTinyNormal * (S * (2 * max_v + 2) + 1) + underflow_roundoff(p.out_dtype);
+  z.lse = S * kTinyNormal;
+  const double w = abs_scale * H * max_q * max_k;
+  z.linear = S * (z.logit * max_v + kTinyNormal * (max_v + w + 2)) + underflow_roundoff(p.out_dtype);
+  return z;
 }
 
-double forward_lse_error(const Problem& p, double abs_logit, double lse_ref) {
-  const double g_s = fp32_gamma(std::max<std::int64_t>(p.S, 1));
-  return forward_logit_error(p, abs_logit) + 2 * kExpRelError + 2 * g_s +
-         2 * kU32 * (std::fabs(lse_ref) + 1);
+double forward_logit_error(const Problem& p, double abs_logit, const Underflow& z) {
+  return (fp32_gamma(p.H) + 4 * kU32) * abs_logit + z.logit;
 }
 
-double forward_out_error(const Problem& p, double abs_logit, double abs_pv, double out_ref) {
-  const double g_s = fp32_gamma(std::max<std::int64_t>(p.S, 1));
-  const double det = (forward_weight_rel_error(p, abs_logit) + g_s) * abs_pv;
+double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, const Underflow& z) {
+  const double rescales = 2.0 * static_cast<double>(sums.rescales) * (kExpRelError + kU32);
+  return std::expm1(2 * forward_logit_error(p, abs_logit, z)) + 2 * kExpRelError +
+         operand_roundoff(p.precision) + 2 * fp32_gamma(sums.depth) + 2 * kU32 + rescales;
+}
+
+double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double lse_ref,
+                         const Underflow& z) {
+  return forward_logit_error(p, abs_logit, z) + 2 * kExpRelError + 2 * fp32_gamma(sums.depth) +
+         2 * kU32 * (std::fabs(lse_ref) + 1) + z.lse;
+}
+
+double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double abs_pv,
+                         double out_ref, const Underflow& z) {
+  const double det = (forward_weight_rel_error(p, sums, abs_logit, z) + fp32_gamma(sums.depth)) * abs_pv + z.out;
   return det + unit_roundoff(p.out_dtype) * (std::fabs(out_ref) + det);
 }
 
@@ -55,10 +74,16 @@ std::string ErrorReport::describe() const {
 }
 
 ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, bool linear) {
+  return check_against_reference(p, ref, any_key_sums(p), linear);
+}
+
+ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, const KeySums& sums,
+                                    bool linear) {
   ErrorReport r;
   const double u_p = operand_roundoff(p.precision);
   const double u_out = unit_roundoff(p.out_dtype);
-  const double g_h = fp32_gamma(p.H), g_s = fp32_gamma(std::max<std::int64_t>(p.S, 1));
+  const double g_h = fp32_gamma(p.H), g_s = fp32_gamma(sums.depth);
+  const Underflow z = forward_underflow(p, ref.max_abs_q, ref.max_abs_k, ref.max_abs_v);
   double sum_err = 0.0, sum_bound = 0.0;
   std::int64_t count = 0;
   for (std::int64_t b = 0; b < p.B; ++b)
@@ -67,7 +92,7 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
         for (std::int64_t t = 0; t < p.T; ++t) {
           const std::int64_t row = ref.row(b, kh, g, t);
           const double a = ref.abs_logit[static_cast<std::size_t>(row)];
-          const double w_rel = forward_weight_rel_error(p, a);
+          const double w_rel = forward_weight_rel_error(p, sums, a, z);
           const void* out_row = p.out_row(b, kh, g, t);
           for (std::int64_t h = 0; h < p.H; ++h) {
             const auto i = static_cast<std::size_t>(row * p.H + h);
@@ -75,12 +100,12 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
             const double o_ref = ref.out[i];
             double det, stat;  // deterministic worst case; statistical (mean) estimate
             if (linear) {
-              det = (g_h + 2 * kU32) * ref.abs_av[i] + (u_p + g_s) * ref.abs_pv[i];
+              det = (g_h + 2 * kU32) * ref.abs_av[i] + (u_p + g_s) * ref.abs_pv[i] + z.linear;
               stat = det;
             } else {
               const double fixed = w_rel - u_p + g_s;
-              det = (w_rel + g_s) * ref.abs_pv[i];
-              stat = fixed * ref.abs_pv[i] + 4 * u_p * ref.sq_pv[i] / std::sqrt(3.0);
+              det = (w_rel + g_s) * ref.abs_pv[i] + z.out;
+              stat = fixed * ref.abs_pv[i] + 4 * u_p * ref.sq_pv[i] / std::sqrt(3.0) + z.out;
             }
             const double bound = det + u_out * (std::fabs(o_ref) + det) + 1e-300;
             const double mean_bound = stat + u_out * (std::fabs(o_ref) + det) + 1e-300;
@@ -110,7 +135,7 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
             } else if (std::isinf(l_ref) || std::isinf(l)) {
               if (l != l_ref) ++r.nan_mismatches;  // -inf must match -inf exactly
             } else if (!std::isnan(l)) {
-              const double bound = forward_lse_error(p, a, l_ref);
+              const double bound = forward_lse_error(p, sums, a, l_ref, z);
               const double err = std::fabs(l - l_ref);
               r.lse_max_err = std::max(r.lse_max_err, err);
               r.lse_worst_ratio = std::max(r.lse_worst_ratio, err / bound);

@@ -50,18 +50,34 @@ ElementBound element_bound(const BackwardProblem& p, const GradientTerms& g, std
 
 }  // namespace
 
+Underflow backward_underflow(const BackwardProblem& p, double max_q, double max_k, double max_v,
+                             double max_dout) {
+  Underflow z = forward_underflow(p.fwd, max_q, max_k, max_v);
+  z.dp = kTinyNormal * static_cast<double>(p.fwd.H) * (max_dout + max_v + 2);
+  return z;
+}
+
+double backward_term_underflow(const BackwardProblem& p, double a, double a_err, double b) {
+  const double scale = std::max(1.0, std::fabs(static_cast<double>(p.fwd.scale)));
+  return kTinyNormal * scale * (std::fabs(a) + a_err + std::fabs(b) + 2);
+}
+
 BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double lse_ref,
-                                      const double* dout, const double* out_ref, const double* abs_pv) {
+                                      const double* dout, const double* out_ref, const double* abs_pv,
+                                      const Underflow& z) {
   const Problem& f = p.fwd;
+  // The forward that produced out and lse may have summed in any order (any_key_sums).
+  const KeySums sums = any_key_sums(f);
   const double u_d = dout_for_d_roundoff(f.precision);
   double sum_beta = 0.0, sum_out = 0.0;
   for (std::int64_t h = 0; h < f.H; ++h) {
-    const double beta = forward_out_error(f, abs_logit, abs_pv[h], out_ref[h]);
+    const double beta = forward_out_error(f, sums, abs_logit, abs_pv[h], out_ref[h], z);
     sum_beta += std::fabs(dout[h]) * beta;
     sum_out += std::fabs(dout[h]) * (std::fabs(out_ref[h]) + beta);
   }
   BackwardRowBudget r;
-  r.lse_err = forward_lse_error(f, abs_logit, lse_ref);
+  r.lse_err = forward_lse_error(f, sums, abs_logit, lse_ref, z);
+  r.z = z;
   r.d_err = sum_beta + (u_d + fp32_gamma(f.H)) / (1 - u_d) * sum_out;
   return r;
 }
@@ -71,13 +87,13 @@ BackwardPairBudget backward_pair_budget(const BackwardProblem& p, const Backward
                                         double abs_dout_v) {
   const Problem& f = p.fwd;
   const double u_p = operand_roundoff(f.precision);
-  const double e_l =
-      (fp32_gamma(f.H) + 4 * kU32) * pair_abs_logit + row.lse_err + 2 * kU32 * (std::fabs(lse_ref) + 1);
+  const double e_l = forward_logit_error(f, pair_abs_logit, row.z) + row.lse_err +
+                     2 * kU32 * (std::fabs(lse_ref) + 1);
   const double growth = std::expm1(e_l);
   const double rho_f = growth + (1 + growth) * ((1 + kExpRelError) * (1 + kU32) - 1);
   const double rho = rho_f + (1 + rho_f) * u_p;
   const double ax = std::fabs(x);
-  const double e_x = (fp32_gamma(f.H) * abs_dout_v + row.d_err) * (1 + kU32) + kU32 * ax;
+  const double e_x = (fp32_gamma(f.H) * abs_dout_v + row.d_err) * (1 + kU32) + kU32 * ax + 2 * row.z.dp;
   const double e1 = prob * rho * ax + prob * (1 + rho) * e_x;
   BackwardPairBudget r;
   r.p_rel = rho_f;

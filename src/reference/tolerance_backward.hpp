@@ -32,6 +32,15 @@
 //   mean bound: the u_p roundings are independent zero-mean errors, so their sum has standard deviation
 //   <= u_p Sq / sqrt(3); the mean over a gradient's elements of |x - x_ref| stays below the mean of
 //   Err + 4 u_p Sq / sqrt(3) + (gamma(n) + 2 u32)(1 + u_p)(Abs + Err) + u_out(x) (|x_ref| + det).
+// Underflow (tolerance.hpp: the avx512bf16 kernels flush subnormal operands and results, tiny = 2^-126;
+// here per row, with M_q the row's largest |q|, M_dout its largest |dout|, M_k and M_v the kv head's):
+//   z_l, z_o, S tiny: the forward's terms (tolerance.hpp) for those maxima, in e_lse, beta_h and e_l
+//   z_dp = tiny H (M_dout + M_v + 2)   a dout.v_j (dP) or dout.out (D) product's; eX gains 2 z_dp
+//   every gradient term a b (a = dS or P as the kernel sees it, within e_a of the reference's; b = k,
+//   q or dout) may lose tiny (|a| + e_a) (b flushed), tiny |b| (a flushed), tiny (the product) and
+//   tiny (the accumulator), and the scale may come before or after: its budget gains
+//   tiny max(1, |scale|) (|a| + e_a + |b| + 2)        (backward_term_underflow)
+//   For operands of normal size these are ~1e-30 and change no bound measurably.
 // First order in the roundoffs except where a product of two relative errors was cheap to keep. A NaN
 // where the reference is finite never passes; a NaN where the reference is NaN agrees. The forward's
 // out and lse are taken to be within the forward's own bounds (its tests check them).
@@ -49,11 +58,18 @@ namespace flashgqa {
 struct BackwardRowBudget {
   double lse_err = 0.0;  // e_lse
   double d_err = 0.0;    // E_D
+  Underflow z;           // z_l, z_o, z_dp of the row
 };
+// The underflow terms of a row whose operands are at most these in magnitude (see above).
+Underflow backward_underflow(const BackwardProblem& p, double max_q, double max_k, double max_v,
+                             double max_dout);
 // A row of H elements each: dout (rounded as the operands), the exact out and sum_j P |v_jh| (the
-// forward reference's abs_pv); abs_logit = A_t, lse_ref = the exact lse (finite).
+// forward reference's abs_pv); abs_logit = A_t, lse_ref = the exact lse (finite), z its underflow terms.
 BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double lse_ref,
-                                      const double* dout, const double* out_ref, const double* abs_pv);
+                                      const double* dout, const double* out_ref, const double* abs_pv,
+                                      const Underflow& z);
+// The underflow budget of one gradient term a b: tiny max(1, |scale|) (|a| + a_err + |b| + 2).
+double backward_term_underflow(const BackwardProblem& p, double a, double a_err, double b);
 
 // The per-pair terms above: rho_f and e_dS.
 struct BackwardPairBudget {

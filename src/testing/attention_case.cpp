@@ -130,6 +130,10 @@ void AttentionCase::set_q(std::int64_t b, std::int64_t kh, std::int64_t g, std::
   store(q, offset(q, {b, kh, g, t, h}), x);
 }
 
+void AttentionCase::set_k(std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t h, float x) {
+  store(k, offset(k, {b, kh, s, h}), x);
+}
+
 void AttentionCase::set_v(std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t h, float x) {
   store(v, offset(v, {b, kh, s, h}), x);
 }

@@ -33,6 +33,7 @@ struct AttentionCase {
   float lse_at(std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t) const;
   // Logical element setters (for planting NaN or large values).
   void set_q(std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t, std::int64_t h, float x);
+  void set_k(std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t h, float x);
   void set_v(std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t h, float x);
   // All of out in logical [B,K,G,T,H] order, as float (for bitwise comparisons across layouts).
   std::vector<float> out_values() const;
