@@ -166,8 +166,9 @@ struct Options {
   // Worker threads; 0 = all cores (OMP_NUM_THREADS when set). A larger count than the machine's
   // processors (or OMP_NUM_THREADS, if larger) is capped to it; results do not depend on the count.
   int threads = 0;
-  // When not null, polled between tasks (and between KV blocks in the ladder's rungs): once it reads
-  // true, the call stops and throws Interrupted. For Ctrl-C: a signal handler can set it.
+  // When not null, polled between tasks (flash, decode, backward) and between KV chunks or heads (the
+  // ladder's rungs): once it reads true, the call stops and throws Interrupted. For Ctrl-C: a signal
+  // handler can set it (the Python module does, for calls from the main thread).
   const std::atomic<bool>* interrupt = nullptr;
 };
 
@@ -188,8 +189,9 @@ void attention(const TensorView& out, const TensorView& lse, const TensorView& q
 // the weights P before dv = P^T dout, and dS = P (dP - D) before dq = scale dS k and dk = scale dS^T q;
 // every accumulation, D included, is fp32. Any dtype (f32, bf16, f16) and strides with H contiguous.
 // A row that saw no key (lse = -inf) gets zero gradients; T = 0 or S = 0 gives zero dk, dv (and dq).
-// The result does not depend on the thread count (no atomics: dk, dv per KV block, then dq per q
-// block). The gradients must not overlap each other or any input.
+// The result does not depend on the thread count (no atomics: each KV block's dk, dv belong to one
+// task; dq is summed over a task's KV blocks in key order, and over tasks in a fixed order). The
+// gradients must not overlap each other or any input.
 void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                         const TensorView& dout, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& out, const TensorView& lse,

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <atomic>
 #include <signal.h>
-#include <mutex>
 #include <climits>
 #include <cstdint>
 #include <optional>
@@ -327,46 +326,55 @@ flashgqa::Options make_options(bool causal, nb::handle causal_offset, nb::handle
   return o;
 }
 
-// Ctrl-C during a call. While any call runs, SIGINT only sets g_sigint (async-signal-safe); the
-// library polls it between tasks (Options::interrupt) and stops with flashgqa::Interrupted, which
-// becomes KeyboardInterrupt. The previous handler (Python's) is restored when the last running call
-// returns, and a SIGINT that came too late to stop the call is raised again then, so Python still sees
-// it. Not installed where SIGINT is ignored.
+// Ctrl-C during a call from Python's main thread (where Python delivers KeyboardInterrupt). While
+// such a call runs, SIGINT only sets g_sigint (one lock-free store: async-signal-safe); the library
+// polls it between tasks (Options::interrupt) and stops with flashgqa::Interrupted, which becomes
+// KeyboardInterrupt. Python's handler is restored when the call returns, and a SIGINT that came too
+// late to stop the call is raised again then, so Python still sees it. Calls from other threads, and
+// processes that ignore SIGINT, leave the handler alone.
+static_assert(std::atomic<bool>::is_always_lock_free, "the SIGINT handler needs a lock-free flag");
 std::atomic<bool> g_sigint{false};
-std::mutex g_sigint_mutex;
-int g_sigint_calls = 0;  // calls running with the handler installed
-struct sigaction g_sigint_previous {};
 
 extern "C" void on_sigint(int) { g_sigint.store(true, std::memory_order_relaxed); }
 
 class SigintWatch {
  public:
   SigintWatch() {
-    std::lock_guard<std::mutex> lock(g_sigint_mutex);
-    if (g_sigint_calls++ > 0) return;
-    g_sigint.store(false);
+    if (!PyGILState_Check() || PyThread_get_thread_ident() != main_thread_ident()) return;
     struct sigaction sa {};
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &g_sigint_previous);
-    if (g_sigint_previous.sa_handler == SIG_IGN) sigaction(SIGINT, &g_sigint_previous, nullptr);
+    if (sigaction(SIGINT, nullptr, &previous_) != 0 || previous_.sa_handler == SIG_IGN) return;
+    g_sigint.store(false);
+    installed_ = sigaction(SIGINT, &sa, nullptr) == 0;
   }
   ~SigintWatch() {
-    std::lock_guard<std::mutex> lock(g_sigint_mutex);
-    if (--g_sigint_calls > 0) return;
-    if (g_sigint_previous.sa_handler != SIG_IGN) sigaction(SIGINT, &g_sigint_previous, nullptr);
+    if (!installed_) return;
+    sigaction(SIGINT, &previous_, nullptr);
     if (g_sigint.exchange(false) && !stopped) raise(SIGINT);  // too late to stop the call: Python's turn
   }
   SigintWatch(const SigintWatch&) = delete;
   SigintWatch& operator=(const SigintWatch&) = delete;
+  bool installed() const { return installed_; }
   bool stopped = false;  // the call threw Interrupted: KeyboardInterrupt is already on its way
+
+ private:
+  static unsigned long main_thread_ident() {
+    static const unsigned long ident = [] {
+      nb::object threading = nb::module_::import_("threading");
+      return nb::cast<unsigned long>(threading.attr("main_thread")().attr("ident"));
+    }();
+    return ident;
+  }
+  struct sigaction previous_ {};
+  bool installed_ = false;
 };
 
-// Runs call(options) with the GIL released and Ctrl-C watched.
+// Runs call(options) with the GIL released and, from the main thread, Ctrl-C watched.
 template <typename Call>
 void run_interruptible(flashgqa::Options options, Call call) {
-  options.interrupt = &g_sigint;
   SigintWatch watch;
+  if (watch.installed()) options.interrupt = &g_sigint;
   try {
     nb::gil_scoped_release release;
     call(options);

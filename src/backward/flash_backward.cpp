@@ -28,6 +28,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/dtype.hpp"
 #include "core/int_math.hpp"
+#include "flash/block_sizes.hpp"
 #include "flash/kv_splits.hpp"
 #include "flash/run_tasks.hpp"
 #include "kernels/microkernels.hpp"
@@ -35,7 +36,7 @@
 namespace flashgqa {
 namespace {
 
-constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block: a multiple of 32 and of MR (12)
+constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block (a multiple of 32 and of MR = 12)
 constexpr std::int64_t kDefaultBlockKV = 512;  // keys per KV block (docs/performance.md, "Backward")
 // Bytes of packed operands one group of heads may hold (at least one head is always allowed).
 constexpr std::int64_t kPackedGroupBytes = std::int64_t{512} << 20;
@@ -60,7 +61,8 @@ struct Plan {
 // The packed operands of one group of heads (head i of the group at offset i * size of each part).
 struct Packed {
   AlignedBuffer q, dout, qt, doutt, k, vk, kv;
-  std::vector<float> D;  // [heads][G][T]
+  std::vector<float> D;      // [heads][G][T]
+  std::vector<float> zeros;  // H zeros (allocated before the parallel region)
 };
 
 // One operand: bf16 bits (rounded to nearest even), or fp32 (rounded to bf16 under Precision::bf16).
@@ -114,11 +116,10 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
   const KeyRange all = p.T > 0 ? p.visible_keys(0, p.T) : KeyRange{};
   const std::int64_t first = all.empty() ? p.S : all.begin / plan.bkv * plan.bkv;
   const std::int64_t last = all.empty() ? p.S : std::min(p.S, round_up(all.end, plan.bkv));
-  const std::vector<float> zeros(static_cast<std::size_t>(p.H), 0.0f);
   for (std::int64_t s = 0; s < p.S; ++s)
     if (s < first || s >= last) {
-      store_row(bp.dk_row(b, kh, s), bp.dk_dtype, zeros.data(), p.H);
-      store_row(bp.dv_row(b, kh, s), bp.dv_dtype, zeros.data(), p.H);
+      store_row(bp.dk_row(b, kh, s), bp.dk_dtype, pk.zeros.data(), p.H);
+      store_row(bp.dv_row(b, kh, s), bp.dv_dtype, pk.zeros.data(), p.H);
     }
   for (std::int64_t j = 0; j < plan.nkv; ++j) {
     const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0);
@@ -291,6 +292,24 @@ void run_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Wor
   if (task.slot < 0) write_dq(bp, plan, w.row.data(), task.b, task.kh, dq, 1, 0);
 }
 
+// Query positions and keys per block (p.block_q / block_kv when set): bq a multiple of 32, so each
+// q block's columns of Q^T and dO^T start 64-byte aligned. Throws Error when a thread's tiles would
+// exceed kMaxWorkspaceBytes (block_sizes.hpp), as the forward does.
+struct BackwardBlocks {
+  std::int64_t bq = 0, bkv = 0;
+};
+BackwardBlocks backward_blocks(const Problem& p) {
+  BackwardBlocks bl;
+  bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
+  bl.bkv = std::clamp<std::int64_t>(p.block_kv > 0 ? p.block_kv : kDefaultBlockKV, 1, std::max<std::int64_t>(p.S, 1));
+  const std::int64_t tile = bl.bq * padded_keys(bl.bkv);  // S, dP (fp32) and three weight tiles
+  if (tile * (8 + 3 * 4) > kMaxWorkspaceBytes)
+    throw Error("block_q/block_kv: " + std::to_string(p.block_q) + "/" + std::to_string(p.block_kv) + " needs " +
+                std::to_string(tile * 20 >> 20) + " MiB of backward tiles per thread, expected sizes that need at most " +
+                std::to_string(kMaxWorkspaceBytes >> 20) + " MiB");
+  return bl;
+}
+
 Plan make_plan(const BackwardProblem& bp, Isa isa) {
   const Problem& p = bp.fwd;
   Plan plan;
@@ -321,14 +340,6 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
 
 }  // namespace
 
-BackwardBlocks backward_blocks(const Problem& p) {
-  BackwardBlocks bl;
-  // bq a multiple of 32, so each q block's columns of Q^T and dO^T start 64-byte aligned.
-  bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
-  bl.bkv = std::clamp<std::int64_t>(p.block_kv > 0 ? p.block_kv : kDefaultBlockKV, 1, std::max<std::int64_t>(p.S, 1));
-  return bl;
-}
-
 void flash_backward(const BackwardProblem& bp, Isa isa) {
   const Problem& p = bp.fwd;
   if (p.B == 0) return;
@@ -340,6 +351,7 @@ void flash_backward(const BackwardProblem& bp, Isa isa) {
                            {&pk.kv, plan.kv_size}})
     buf->reset(static_cast<std::size_t>(per * size * plan.operand_bytes));
   pk.D.assign(static_cast<std::size_t>(per * p.G * p.T), 0.0f);
+  pk.zeros.assign(static_cast<std::size_t>(p.H), 0.0f);
   AlignedBuffer slots(static_cast<std::size_t>(plan.work.slots * plan.dq_rows * plan.Hp) * sizeof(float));
   // Tasks by group of heads (the planner orders them by head).
   const std::int64_t ngroups = ceil_div(heads, per);

@@ -11,10 +11,4 @@ namespace flashgqa {
 // depend on the thread count.
 void flash_backward(const BackwardProblem& p, Isa isa);
 
-// Query positions and keys per block of the two passes for p (p.fwd.block_q / block_kv when set).
-struct BackwardBlocks {
-  std::int64_t bq = 0, bkv = 0;
-};
-BackwardBlocks backward_blocks(const Problem& p);
-
 }  // namespace flashgqa

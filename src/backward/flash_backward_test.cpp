@@ -220,6 +220,17 @@ TEST_P(FlashBackward, EdgeCasesGiveZeros) {
   }
 }
 
+// Blocks whose tiles would need more than the workspace limit are refused with Error, not allocated.
+TEST(FlashBackwardBlocks, HugeBlocksAreRefused) {
+  BackwardCase c(Shape{1, 1, 1, 65536, 65536, 1}, DType::f32, Layout::contiguous, 13);
+  Options o;
+  o.block_q = 65536;
+  o.block_kv = 65536;
+  EXPECT_THROW(attention_backward(c.grads.out, c.grads.k, c.grads.v, c.grads.q, c.fwd.q, c.fwd.k, c.fwd.v, c.fwd.out,
+                                  c.fwd.lse, o),
+               Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, FlashBackward,
                          ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
                          [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });

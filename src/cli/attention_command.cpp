@@ -185,7 +185,7 @@ int attention_command(const std::vector<std::string>& words) {
     }
     const double median_ms = median(ms);
     // The work done: the (query, key) pairs the mask lets through.
-    const double flops = study::attention_flops(make_problem(out_view, nullptr, qv, kv, vv, options));
+    const double flops = study::attention_flops(p);
     const double gflops = flops / (std::max(median_ms, 1e-9) * 1e6);
     std::fprintf(stderr, "%s: median %.3f ms over %lld runs, %.2f GFLOP/s\n",
                  algorithm_name(options.algorithm), median_ms, static_cast<long long>(repeat),

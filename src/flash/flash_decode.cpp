@@ -6,7 +6,7 @@
 //   1. S = scale Q K^T: decode_qk_rows reads the block's K rows in address order from their source
 //      (no packed copy);
 //   2. the online softmax over the block (softmax_tile: running max, P = exp(S - m) rounded to bf16,
-//      fp32 sums of the unrounded P, keys at or beyond each row's visible limit masked);
+//      fp32 sums of the unrounded P, keys outside each row's visible range [lo, hi) masked);
 //   3. O = O corr + P V: decode_pv_rows reads the block's V rows in address order, likewise.
 // S and P (M x bkv) and O (M x Hp fp32) stay in L1; K and V stream from DRAM once each. The block only
 // bounds S and P: the two streams alternate per block, and a long block means few switches.

@@ -1,5 +1,6 @@
-// The work of one flash call as tasks, for the packed path (flash_packed.cpp) and the decode path
-// (flash_decode.cpp) alike: the split planner, the row order, and a task's end.
+// The work of one flash call as tasks, for the packed path (flash_packed.cpp), the decode path
+// (flash_decode.cpp) and the backward (backward/flash_backward.cpp) alike: the split planner, the row
+// order, and a task's end.
 //
 // A task is (b, kv head, q block [, KV split]). A q block is bq query positions of all G heads of one
 // kv head, M = G * positions rows in position-major order (row r = position t0 + r / G, head r % G),

@@ -1,7 +1,8 @@
-// The micro-kernels of the fast flash path and their contract. One set per instruction set, each in its
-// own translation unit with its own compiler flags (kernels_<isa>.cpp); kernels_for() below is the one
-// place that chooses between them. Blocking, threading, masking and packing policy live in portable C++
-// (src/flash/flash_packed.cpp); the kernels only touch the small tiles described here.
+// The micro-kernels and their contract. One set per instruction set, each in its own translation unit
+// with its own compiler flags (kernels_<isa>.cpp); kernels_for() below is the one place that chooses
+// between them. Blocking, threading, masking and packing policy live in portable C++ (the flash paths
+// in src/flash/, the ladder's rungs through src/ladder/rung_kernels.cpp, the backward in
+// src/backward/); the kernels only touch the small tiles described here.
 //
 // ---------------------------------------------------------------------------------------------------
 // Contract
@@ -51,7 +52,8 @@
 //                 of m_new (so masked-so-far rows give corr 0, P 0, never NaN). Returns whether any
 //                 corr[r] != 1 (whether the O rows must be rescaled). NaN logits are not dropped:
 //                 exp(NaN) is NaN and reaches P and l.
-//   exp_n:        dst[i] = exp(src[i]) with the vectorised polynomial the softmax uses (for tests).
+//   exp_n:        dst[i] = exp(src[i]) with the vectorised polynomial the softmax uses (the rungs' and
+//                 the backward's exps).
 //                 Relative error <= kExpMaxRelError + |x| 2^-23 for results above 2^-126 (the second
 //                 term is x log2(e) in fp32: the rounding of the product and of log2(e) itself, the
 //                 size of a rounding of the logit, which the tolerances already count);
