@@ -255,7 +255,7 @@ npy_empty() {
 npy_empty "$work/hq.npy" "1, 1, 1, 268435456, 0"
 npy_empty "$work/hk.npy" "1, 1, 5, 0"
 huge=(attention --q "$work/hq.npy" --k "$work/hk.npy" --v "$work/hk.npy" --out "$work/ho.npy" --lse "$work/hl.npy")
-if [[ -z ${ASAN_OPTIONS:-} ]]; then
+if [[ -z ${ASAN_OPTIONS:-}${TSAN_OPTIONS:-} ]]; then  # the sanitizers reserve more address space
   expect_error "H = 0 rejected before allocating" "H = 0" bash -c 'ulimit -v 400000 && exec "$@"' _ "${run[@]}" "${huge[@]}"
 else
   expect_error "H = 0 rejected before allocating" "H = 0" "${run[@]}" "${huge[@]}"
