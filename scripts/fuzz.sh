@@ -7,17 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-need=()
-command -v clang++ >/dev/null 2>&1 || need+=(clang)
-dpkg -s libomp-dev >/dev/null 2>&1 || need+=(libomp-dev)
-command -v cmake >/dev/null 2>&1 || need+=(cmake)
-if ((${#need[@]})); then
-  echo "fuzz: installing ${need[*]}" >&2
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+FLASHGQA_FUZZ=1 scripts/install-deps.sh  # clang and LLVM's OpenMP besides the usual toolchain
 dir=build-fuzz
 CXX=clang++ cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHGQA_FUZZ=ON -DFLASHGQA_SANITIZE=ON \
   -DFLASHGQA_BUILD_TESTS=OFF >/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flashgqa needs to build and test, on a fresh Debian machine: a C++20 compiler with
 # OpenMP, CMake, GoogleTest, Google Benchmark, and strace (the tests that a library call opens no
-# file); clang and libomp-dev too under FLASHGQA_SANITIZE=thread. Does nothing for what is already there.
+# file); clang and libomp-dev too under FLASHGQA_SANITIZE=thread or FLASHGQA_FUZZ=1. Does nothing for what is already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
@@ -10,7 +10,8 @@ command -v make >/dev/null 2>&1 || need+=(make)
 dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
 dpkg -s libbenchmark-dev >/dev/null 2>&1 || need+=(libbenchmark-dev)
 command -v strace >/dev/null 2>&1 || need+=(strace)
-if [ "${FLASHGQA_SANITIZE:-0}" = thread ]; then  # ThreadSanitizer builds use clang with LLVM's OpenMP
+# ThreadSanitizer builds and the fuzzer (scripts/fuzz.sh sets FLASHGQA_FUZZ=1) use clang with LLVM's OpenMP.
+if [ "${FLASHGQA_SANITIZE:-0}" = thread ] || [ "${FLASHGQA_FUZZ:-0}" = 1 ]; then
   command -v clang++ >/dev/null 2>&1 || need+=(clang)
   dpkg -s libomp-dev >/dev/null 2>&1 || need+=(libomp-dev)
 fi

@@ -19,6 +19,7 @@
 #include "reference/reference_backward.hpp"
 #include "reference/tolerance_backward.hpp"
 #include "testing/attention_case.hpp"
+#include "testing/isa_test.hpp"
 
 namespace flashgqa {
 namespace {
@@ -75,13 +76,7 @@ ErrorReport run_and_check(BackwardCase& c, const Options& o, Isa isa, std::int64
   return check_backward_against_reference(bp, reference_attention_backward(bp));
 }
 
-class FlashBackward : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
-  }
-  Isa isa() const { return GetParam(); }
-};
+class FlashBackward : public testing::IsaTest {};
 
 const Shape kShapes[] = {
     {1, 1, 1, 1, 1, 64},    {1, 2, 4, 37, 53, 64},  {2, 3, 1, 19, 70, 80}, {1, 1, 8, 5, 129, 128},
@@ -231,9 +226,7 @@ TEST(FlashBackwardBlocks, HugeBlocksAreRefused) {
                Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, FlashBackward,
-                         ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
-                         [](const ::testing::TestParamInfo<Isa>& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashBackward, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
 
 }  // namespace
 }  // namespace flashgqa

@@ -19,6 +19,7 @@
 #include "reference/tolerance.hpp"
 #include "flash/flash_testing.hpp"
 #include "testing/attention_case.hpp"
+#include "testing/isa_test.hpp"
 
 namespace flashgqa {
 namespace {
@@ -34,13 +35,7 @@ using testing::run_flash_values;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-class FlashDecode : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
-  }
-  Isa isa() const { return GetParam(); }
-};
+class FlashDecode : public testing::IsaTest {};
 
 // T in {1, 2} x G in {1, 4, 8} x H in {64, 80, 128, 256}, S cycling through 1, 37, 1000, 4099 and the
 // input dtype through bf16, f32, f16; Precision::bf16 always, Precision::f32 on every other shape (the
@@ -238,9 +233,7 @@ TEST_P(FlashDecode, NanInInputsReachesTheOutput) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, FlashDecode,
-                         ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
-                         [](const auto& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashDecode, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
 
 }  // namespace
 }  // namespace flashgqa

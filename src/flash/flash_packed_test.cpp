@@ -17,6 +17,7 @@
 #include "reference/tolerance.hpp"
 #include "flash/flash_testing.hpp"
 #include "testing/attention_case.hpp"
+#include "testing/isa_test.hpp"
 #include "testing/masked_rows.hpp"
 
 namespace flashgqa {
@@ -31,13 +32,7 @@ using testing::flash_problem;
 using testing::run_flash_and_check;
 using testing::run_flash_values;
 
-class FlashPacked : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
-  }
-  Isa isa() const { return GetParam(); }
-};
+class FlashPacked : public testing::IsaTest {};
 
 // T, S not multiples of any block, T != S both ways, T = 1, G = 1 and 8, H from 1 to 256 (H % 32 != 0
 // included), B.K below and above the thread count.
@@ -234,9 +229,7 @@ TEST_P(FlashPacked, LargeLogitsStayFinite) {
   EXPECT_TRUE(r.ok) << r.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, FlashPacked,
-                         ::testing::Values(Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16),
-                         [](const auto& info) { return std::string(isa_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(AllIsas, FlashPacked, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
 
 TEST(FlashBlocks, DefaultsFollowTheCaches) {
   Problem p;

@@ -1,0 +1,27 @@
+// The fixture of the tests that run on every instruction-set path (the flash paths, the backward): a
+// test is skipped, with the reason, where this machine lacks its path. Instantiate with
+//   INSTANTIATE_TEST_SUITE_P(AllIsas, Suite, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <string>
+
+#include "kernels/cpu_features.hpp"
+
+namespace flashgqa::testing {
+
+inline constexpr std::array<Isa, 4> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16};
+
+class IsaTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not supported here";
+  }
+  Isa isa() const { return GetParam(); }
+};
+
+inline std::string isa_test_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
+
+}  // namespace flashgqa::testing
