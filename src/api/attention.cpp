@@ -38,7 +38,9 @@ void linear_attention(const TensorView& out, const TensorView& q, const TensorVi
   Options o = options;
   o.algorithm = Algorithm::chunked;  // validate blocks as the chunked rung takes them
   const Problem p = make_problem(out, nullptr, q, k, v, o);
-  if (p.B * p.K * p.G * p.T > 0) linear_attention_chunked(p);
+  if (p.B * p.K * p.G * p.T == 0) return;
+  check_rung_workspace(p, Algorithm::chunked);  // the same buffers as the chunked rung
+  linear_attention_chunked(p);
 }
 
 }  // namespace flashgqa
