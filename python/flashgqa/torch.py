@@ -47,9 +47,9 @@ Tensor = torch.Tensor
 
 
 def _h_contiguous(x):
-    """x itself when its last dimension has stride 1 (what the library reads in place), else a
-    contiguous copy."""
-    return x if x.stride(-1) == 1 else x.contiguous(memory_format=torch.contiguous_format)
+    """x itself when its last dimension has stride 1 or length <= 1 (what the library reads in
+    place), else a contiguous copy."""
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
 def _options(causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
