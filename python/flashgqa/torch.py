@@ -100,12 +100,8 @@ def _(dout, q, k, v, out, lse, causal=False, causal_offset=None, window_left=-1,
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-# The op's arguments after q, k, v, in schema order: they go unchanged to the backward.
-_OPTION_NAMES = ("causal", "causal_offset", "window_left", "window_right", "scale", "precision",
-                 "cu_seqlens_q", "cu_seqlens_k")
-
-
 def _setup_context(ctx, inputs, output):
+    # inputs: q, k, v, then the options in schema order, which go unchanged to the backward op.
     q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
