@@ -125,7 +125,11 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
     k and v, traceable by ``torch.compile``. Same layouts, options and meaning (window
     ``(left, right)``, -1 unbounded; cu_seqlens as int tensors). Returns out, or ``(out, lse)``
     with ``return_lse`` (lse without gradient)."""
-    left, right = (-1, -1) if window is None else window
+    if window is None:
+        window = (-1, -1)
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window: {window!r}, expected None or a pair (left, right) of ints")
+    left, right = window
     out, lse = torch.ops.flashgqa.attention(q, k, v, causal, causal_offset, left, right, scale,
                                             precision, cu_seqlens_q, cu_seqlens_k)
     return (out, lse) if return_lse else out

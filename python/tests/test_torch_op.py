@@ -165,6 +165,18 @@ def test_inputs_with_a_strided_last_dimension_are_copied(rng):
     assert same_bits(ft.attention(q, k, k), flashgqa.attention(q.contiguous(), k, k))
 
 
+def test_bad_options_raise_the_library_errors(rng):
+    q, k = randn(rng, (1, 4, 5, 16)), randn(rng, (1, 2, 6, 16))
+    with pytest.raises(TypeError, match=r"^window: \(3,\), expected None or a pair"):
+        ft.attention(q, k, k, window=(3,))
+    with pytest.raises(ValueError, match=r"expected each side >= 0, or -1"):
+        ft.attention(q, k, k, window=(-2, 0))
+    with pytest.raises(ValueError, match=r"^precision: "):
+        ft.attention(q, k, k, precision="f64")
+    with pytest.raises(ValueError, match=r"cu_seqlens_q.*one given without the other"):
+        ft.attention(q, k, k, cu_seqlens_q=cu([5]))
+
+
 # ---- torch.compile(fullgraph=True): no graph break, eager's bits forward and backward. ----
 
 
