@@ -157,6 +157,12 @@ struct Options {
   // FlashAttention); 0 is top-left (as PyTorch SDPA's is_causal).
   std::optional<std::int64_t> causal_offset;
   Precision precision = Precision::bf16;
+  // Logit softcap (Gemma 2): 0 = off; else c, finite and > 0, and every logit s = scale q.k becomes
+  // c tanh(s / c), in (-c, c), before the softmax (masked keys stay masked). A NaN logit stays NaN;
+  // an infinite one becomes +-c. The kernels' tanh is within kTanhMaxRelError (2^-21) of the exact
+  // one (kernels/microkernels.hpp). The backward multiplies dS by the cap's derivative 1 - tanh^2(s/c).
+  // Every algorithm takes it; linear_attention rejects it (it has no softmax).
+  double softcap = 0.0;
   // Rows of q per block and keys per KV block; 0 = chosen automatically, from the shape, the
   // instruction set and a fixed, nominal cache model (48 KiB L1d, 1 MiB L2 per core), never from the
   // caches of the machine at hand: block sizes change the rounding. Blocks measured for a machine

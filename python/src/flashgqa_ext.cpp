@@ -386,11 +386,13 @@ void run_interruptible(flashgqa::Options options, Call call) {
 
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                bool causal, nb::handle causal_offset, nb::handle scale, nb::handle precision,
-               nb::handle algo, nb::handle block_q, nb::handle block_kv, nb::handle threads) {
+               nb::handle algo, nb::handle block_q, nb::handle block_kv, nb::handle threads,
+               nb::handle softcap) {
   const Call c = make_call(q, k, v, out, lse);
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
-  const flashgqa::Options o =
+  flashgqa::Options o =
       make_options(causal, causal_offset, scale, precision, algo, block_q, block_kv, threads);
+  o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   run_interruptible(o, [&](const flashgqa::Options& opts) {
     if (c.has_lse)
       flashgqa::attention(c.out.view, c.lse.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
@@ -414,10 +416,12 @@ void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
 void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
                         nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, bool causal,
                         nb::handle causal_offset, nb::handle scale, nb::handle precision,
-                        nb::handle block_q, nb::handle block_kv, nb::handle threads) {
+                        nb::handle block_q, nb::handle block_kv, nb::handle threads,
+                        nb::handle softcap) {
   const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
-  const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
-                                           block_q, block_kv, threads);
+  flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
+                                     block_q, block_kv, threads);
+  o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   run_interruptible(o, [&](const flashgqa::Options& opts) {
     flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
                                  c.in.k.view, c.in.v.view, c.out.view, c.lse.view, opts);
@@ -492,6 +496,7 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("lse").none(), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
         nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("algo").none(),
         nb::arg("block_q").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
+        nb::arg("softcap").none() = nb::none(),
         "Writes out (and lse, unless None) in place; q/out [B,K,G,T,H] or [B,Hq,T,H], k, v "
         "[B,K,S,H]. uint16 arrays are read as bfloat16 bits.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
@@ -503,7 +508,7 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("scale").none(),
         nb::arg("precision").none(), nb::arg("block_q").none(), nb::arg("block_kv").none(),
-        nb::arg("threads").none(),
+        nb::arg("threads").none(), nb::arg("softcap").none() = nb::none(),
         "Writes dq (shaped like q), dk and dv (like k) in place from dout and the forward's q, k, "
         "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]. uint16 arrays are read "
         "as bfloat16 bits.");

@@ -50,6 +50,7 @@ struct Problem {
   // to 0. Built by tests only so far (Options has no window yet); the offsets must keep t +- them in range.
   std::int64_t window_left = -1, window_right = -1;
   Precision precision = Precision::bf16;
+  float softcap = 0.0f;  // Options::softcap: 0 = off, else logits s -> softcap tanh(s / softcap)
   std::int64_t block_q = 0;   // 0 = automatic
   std::int64_t block_kv = 0;  // 0 = automatic
   int threads = 1;            // resolved: >= 1
