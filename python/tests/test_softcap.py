@@ -23,6 +23,15 @@ def shape_id(shape):
     return "B{}K{}G{}T{}S{}H{}".format(*shape[:6])
 
 
+def every_case(test):
+    """Parametrises a test over SHAPES x CAPS x (full, causal)."""
+    for mark in (pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"]),
+                 pytest.mark.parametrize("cap", CAPS),
+                 pytest.mark.parametrize("shape", SHAPES, ids=shape_id)):
+        test = mark(test)
+    return test
+
+
 def random_inputs(rng, shape):
     """q, dout [B,K,G,T,H], k, v [B,K,S,H], float32 numpy."""
     B, K, G, T, S, H = shape
@@ -58,9 +67,7 @@ def jax_capped(q, k, v, scale, cap, causal):
     return jnp.einsum("bkgts,bksh->bkgth", p, v)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("cap", CAPS)
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@every_case
 def test_forward_matches_torch_jax_and_float64(rng, shape, cap, causal):
     B, K, G, T, S, H = shape
     q, k, v, _ = random_inputs(rng, shape)
@@ -88,9 +95,7 @@ def test_forward_matches_torch_jax_and_float64(rng, shape, cap, causal):
                   "flashgqa f32 vs jax")
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("cap", CAPS)
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@every_case
 def test_backward_matches_torch_autograd(rng, shape, cap, causal):
     # torch autograd of the explicitly capped attention: in float64 (the exact gradients, checked
     # against the float64 reference) and in float32 (a second side, as SDPA's in test_backward.py).
