@@ -190,8 +190,9 @@ void attention(const TensorView& out, const TensorView& lse, const TensorView& q
 //   dq = dL/dq  [B,K,G,T,H] (like q),   dk = dL/dk, dv = dL/dv  [B,K,S,H] (like k; summed over the G
 //   query heads of each kv head).
 // P is recomputed from q, k and lse; D = rowsum(dout * out). Options: scale, causal and its offset,
-// softcap (then dS = P (dP - D) (1 - tanh^2(s / c))), precision, block_q / block_kv (the backward's q and KV blocks; 0 = automatic), threads; algorithm is
-// ignored. Under Precision::bf16 the matmul operands are rounded to bfloat16: q, k, v and dout as read,
+// softcap (then dS = P (dP - D) (1 - tanh^2(s / c))), precision, block_q / block_kv (the backward's q
+// and KV blocks; 0 = automatic), threads; algorithm is ignored. Under Precision::bf16 the matmul
+// operands are rounded to bfloat16: q, k, v and dout as read,
 // the weights P before dv = P^T dout, and dS = P (dP - D) before dq = scale dS k and dk = scale dS^T q;
 // every accumulation, D included, is fp32. Any dtype (f32, bf16, f16) and strides with H contiguous.
 // A row that saw no key (lse = -inf) gets zero gradients; T = 0 or S = 0 gives zero dk, dv (and dq).

@@ -171,7 +171,8 @@ void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspa
     }
     if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
       const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
-      for (int i = 0; i < nr; ++i) kern.softcap_n(w.logits.as<float>() + (r0 + i) * npad + c0, c1 - c0, p.softcap);
+      float* s = w.logits.as<float>() + r0 * npad;
+      for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
     }
   }
 }

@@ -182,7 +182,8 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
     fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
          ", expected bf16 or f32");
   // 1/c must be a finite float (the kernels multiply by it): c at least the smallest normal float.
-  if (options.softcap != 0.0 && !(options.softcap >= 0x1p-126 && std::isfinite(static_cast<float>(options.softcap))))
+  if (options.softcap != 0.0 &&
+      !(options.softcap >= 0x1p-126 && std::isfinite(static_cast<float>(options.softcap))))
     fail("softcap: " + std::to_string(options.softcap) +
          ", expected 0 (off) or a finite number >= 2^-126 (a normal float)");
   check_blocks(options.algorithm, options.block_q, options.block_kv);

@@ -45,7 +45,8 @@ TEST_P(FlashSoftcap, MatchesReferenceOnAwkwardShapes) {
     for (const float cap : kCaps)
       for (const bool causal : {false, true}) {
         ++seed;
-        AttentionCase c = make_case(shape, seed % 2 ? DType::bf16 : DType::f32, DType::f32, Layout::contiguous, seed);
+        const DType dtype = seed % 2 ? DType::bf16 : DType::f32;
+        AttentionCase c = make_case(shape, dtype, DType::f32, Layout::contiguous, seed);
         Options o;
         o.softcap = cap;
         o.causal = causal;
@@ -88,7 +89,8 @@ TEST_P(FlashSoftcap, WindowsMatchReference) {
 }
 
 TEST_P(FlashSoftcap, SameBitsForOneAndTwoThreads) {
-  for (const Shape& shape : {Shape{1, 1, 4, 300, 700, 128}, Shape{1, 1, 4, 1, 5000, 128}, Shape{3, 1, 2, 40, 90, 64}}) {
+  for (const Shape& shape :
+       {Shape{1, 1, 4, 300, 700, 128}, Shape{1, 1, 4, 1, 5000, 128}, Shape{3, 1, 2, 40, 90, 64}}) {
     Options o;
     o.softcap = 3.0;
     o.scale = 1.0;
