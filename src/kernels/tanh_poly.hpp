@@ -5,9 +5,9 @@
 // the clamp costs no accuracy and saturates +-inf to +-1). An odd [9/8] rational with leading
 // coefficients 1, so tanh(y) = y exactly for tiny y (and -0 stays -0), fitted for minimal relative
 // error on [0, 9] (iteratively reweighted least squares in float64): 2.2e-8 in exact arithmetic,
-// 3.4e-7 evaluated in fp32 by Horner with fused multiply-adds and one division (kTanhMaxRelError in
-// microkernels.hpp is the tested bound). NaN passes the clamp (min/max take it as their second
-// operand) and the rational, so a NaN logit stays NaN.
+// 2.8e-7 evaluated in fp32 by Horner with fused multiply-adds and one division, on every path (the
+// tested bound is kTanhMaxRelError = 2^-21 = 4.8e-7, microkernels.hpp). NaN passes the clamp (min/max
+// take it as their second operand) and the rational, so a NaN logit stays NaN.
 //
 // Only constants here, as in exp_poly.hpp: the header is included by translation units built with
 // different instruction sets.
