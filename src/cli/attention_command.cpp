@@ -32,6 +32,7 @@ const std::vector<FlagSpec> kFlags = {
     {"q"},       {"k"},        {"v"},         {"out"},       {"lse"},      {"algo"},
     {"causal", false},         {"causal-offset"},            {"window"},   {"scale"},    {"precision"},
     {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
+    {"softcap"},
 };
 
 // The help text; the dtype, algorithm and precision names come from the library's tables.
@@ -55,6 +56,8 @@ std::string help_text() {
     "                       t + offset - L <= j <= t + offset + R, offset as for causal (default\n"
     "                       S - T); -1 = unbounded on that side; with --causal, R is 0\n"
     "  --scale X            logit scale (default 1/sqrt(H))\n"
+    "  --softcap C          logit softcap (Gemma 2): logits s become C*tanh(s/C) before the\n"
+    "                       softmax (default 0 = off)\n"
     "  --precision P        " + join_names(kPrecisionNames, " | ", " | ") + " (default " +
     precision_name(Options{}.precision) + "); bf16: q, k, v and the softmax weights enter\n"
     "                       the matmuls rounded to bfloat16, fp32 accumulation\n"
@@ -124,6 +127,7 @@ Options parse_options(const Args& args) {
     o.causal_offset = args.integer("causal-offset", 0, kMinInt64, kMaxInt64);
   }
   if (args.has("scale")) o.scale = args.real("scale", 0.0);
+  o.softcap = args.real("softcap", 0.0);  // the library checks the value
   o.threads = static_cast<int>(args.integer("threads", 0, 0, kMaxThreads));
   o.block_q = args.integer("block-q", 0, 0, kMaxBlock);
   o.block_kv = args.integer("block-kv", 0, 0, kMaxBlock);
