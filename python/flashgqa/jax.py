@@ -53,6 +53,7 @@ class _Options(NamedTuple):
     precision: str
     threads: int
     layout_rank: int
+    softcap: float
 
     def attrs(self):
         # Attribute types must match the handler's binding exactly (numpy scalars).
@@ -64,7 +65,7 @@ class _Options(NamedTuple):
             has_scale=np.bool_(self.scale is not None),
             scale=np.float64(self.scale if self.scale is not None else 0.0),
             precision=self.precision, threads=np.int64(self.threads),
-            layout_rank=np.int64(self.layout_rank))
+            layout_rank=np.int64(self.layout_rank), softcap=np.float64(self.softcap))
 
 
 def _check_int(x, name, lo=-(2**63), hi=2**63 - 1):
@@ -75,7 +76,7 @@ def _check_int(x, name, lo=-(2**63), hi=2**63 - 1):
     return int(x)
 
 
-def _options(q, k, v, causal, causal_offset, window, scale, precision, threads):
+def _options(q, k, v, causal, causal_offset, window, scale, precision, threads, softcap):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if str(x.dtype) not in _DTYPES:
             raise TypeError(f"{name}: dtype {x.dtype}, expected float32, bfloat16 or float16")
@@ -97,7 +98,8 @@ def _options(q, k, v, causal, causal_offset, window, scale, precision, threads):
     if precision not in ("bf16", "f32"):
         raise ValueError(f"precision: {precision!r}, expected 'bf16' or 'f32'")
     threads = 0 if threads is None else _check_int(threads, "threads", 0, 2**31 - 1)
-    return _Options(bool(causal), causal_offset, window, scale, precision, threads, q.ndim)
+    softcap = 0.0 if softcap is None else float(softcap)  # the library checks its value
+    return _Options(bool(causal), causal_offset, window, scale, precision, threads, q.ndim, softcap)
 
 
 def _lse_shape(q, opts):
@@ -148,28 +150,29 @@ _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, scale=None,
-              precision="bf16", return_lse=False, threads=None):
+              precision="bf16", return_lse=False, threads=None, softcap=None):
     """Exact grouped-query softmax attention as a JAX op (jit, vmap, grad).
 
     The options mean what they mean in :func:`flashgqa.attention`: ``causal`` (query t sees keys
     ``j <= t + causal_offset``, default offset ``S - T``), ``window=(left, right)``
     (FlashAttention's window_size, -1 unbounded), ``scale`` (default ``1/sqrt(H)``), ``precision``
-    ("bf16": the seed's rule; "f32"), ``threads`` (None: all cores). They are static: each
-    distinct set compiles its own call.
+    ("bf16": the seed's rule; "f32"), ``threads`` (None: all cores), ``softcap`` (Gemma 2's
+    ``c tanh(s / c)`` on the logits; None or 0: off). They are static: each distinct set compiles
+    its own call.
 
     Returns out (q's shape and dtype), or ``(out, lse)`` with ``return_lse`` (lse float32, q's
     shape without H; not differentiable, see the module docstring).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads)
+    opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads, softcap)
     out, lse = _attention(q, k, v, opts)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, window=None,
-                       scale=None, precision="bf16", threads=None):
+                       scale=None, precision="bf16", threads=None, softcap=None):
     """The backward pass as a JAX op: ``(dq, dk, dv)`` from ``dout`` and the forward's q, k, v,
     out and lse (``attention(..., return_lse=True)`` with the same options)."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads)
+    opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads, softcap)
     return _backward(jnp.asarray(dout), q, k, v, jnp.asarray(out), jnp.asarray(lse), opts)

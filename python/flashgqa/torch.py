@@ -6,7 +6,8 @@ Importing this module registers two operators with ``torch.library``:
 
 - ``torch.ops.flashgqa.attention(q, k, v, causal=False, causal_offset=None, window_left=-1,
   window_right=-1, scale=None, precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None)``
-  ``-> (out, lse)``: :func:`flashgqa.attention` with ``return_lse=True``. out has q's shape and
+  ``-> (out, lse)`` (and a last argument ``softcap=0.0``): :func:`flashgqa.attention` with
+  ``return_lse=True``. out has q's shape and
   dtype, lse is float32 of q's shape without the last dimension (``[B, K, G, T]``, ``[B, Hq, T]``
   or ``[total, Hq]``). lse is always returned, since the backward reads it; it carries no gradient.
 - ``torch.ops.flashgqa.attention_backward(dout, q, k, v, out, lse, <the same options>)``
@@ -53,11 +54,11 @@ def _h_contiguous(x):
 
 
 def _options(causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-             cu_seqlens_k):
+             cu_seqlens_k, softcap):
     """The op's arguments as keyword arguments of flashgqa.attention / attention_backward."""
     return dict(causal=causal, causal_offset=causal_offset, window=(window_left, window_right),
                 scale=scale, precision=precision, cu_seqlens_q=cu_seqlens_q,
-                cu_seqlens_k=cu_seqlens_k)
+                cu_seqlens_k=cu_seqlens_k, softcap=softcap)
 
 
 @torch.library.custom_op("flashgqa::attention", mutates_args=(), device_types="cpu")
@@ -65,16 +66,17 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                   causal_offset: Optional[int] = None, window_left: int = -1,
                   window_right: int = -1, scale: Optional[float] = None,
                   precision: str = "bf16", cu_seqlens_q: Optional[Tensor] = None,
-                  cu_seqlens_k: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                  cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0
+                  ) -> tuple[Tensor, Tensor]:
     q, k, v = (_h_contiguous(x) for x in (q, k, v))
     return flashgqa.attention(q, k, v, return_lse=True, **_options(
         causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-        cu_seqlens_k))
+        cu_seqlens_k, softcap))
 
 
 @_attention_op.register_fake
 def _(q, k, v, causal=False, causal_offset=None, window_left=-1, window_right=-1, scale=None,
-      precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None):
+      precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0):
     # What flashgqa.attention allocates: contiguous out of q's shape and dtype, float32 lse of
     # q's shape without H.
     return (q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32))
@@ -86,17 +88,18 @@ def _attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                            causal_offset: Optional[int] = None, window_left: int = -1,
                            window_right: int = -1, scale: Optional[float] = None,
                            precision: str = "bf16", cu_seqlens_q: Optional[Tensor] = None,
-                           cu_seqlens_k: Optional[Tensor] = None
+                           cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0
                            ) -> tuple[Tensor, Tensor, Tensor]:
     dout, q, k, v, out = (_h_contiguous(x) for x in (dout, q, k, v, out))
     return flashgqa.attention_backward(dout, q, k, v, out, lse, **_options(
         causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-        cu_seqlens_k))
+        cu_seqlens_k, softcap))
 
 
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, causal=False, causal_offset=None, window_left=-1,
-      window_right=-1, scale=None, precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None):
+      window_right=-1, scale=None, precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None,
+      softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -120,18 +123,19 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, scale=None, precision="bf16", return_lse=False):
+              cu_seqlens_k=None, scale=None, precision="bf16", return_lse=False, softcap=None):
     """:func:`flashgqa.attention` through ``torch.ops.flashgqa.attention``: differentiable in q,
     k and v, traceable by ``torch.compile``. Same layouts, options and meaning (window
-    ``(left, right)``, -1 unbounded; cu_seqlens as int tensors). Returns out, or ``(out, lse)``
-    with ``return_lse`` (lse without gradient)."""
+    ``(left, right)``, -1 unbounded; cu_seqlens as int tensors; softcap None or 0: off).
+    Returns out, or ``(out, lse)`` with ``return_lse`` (lse without gradient)."""
     if window is None:
         window = (-1, -1)
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window: {window!r}, expected None or a pair (left, right) of ints")
     left, right = window
     out, lse = torch.ops.flashgqa.attention(q, k, v, causal, causal_offset, left, right, scale,
-                                            precision, cu_seqlens_q, cu_seqlens_k)
+                                            precision, cu_seqlens_q, cu_seqlens_k,
+                                            0.0 if softcap is None else float(softcap))
     return (out, lse) if return_lse else out
 
 

@@ -80,6 +80,7 @@ struct Attrs {
   std::string_view precision;
   std::int64_t threads;
   std::int64_t layout_rank;
+  double softcap;
 };
 
 flashgqa::Options options_of(const Attrs& a) {
@@ -91,6 +92,7 @@ flashgqa::Options options_of(const Attrs& a) {
   if (a.has_scale) o.scale = a.scale;
   o.precision = flashgqa::parse_precision(std::string(a.precision), "precision");
   o.threads = static_cast<int>(a.threads);
+  o.softcap = a.softcap;
   return o;
 }
 
@@ -141,17 +143,18 @@ auto with_attrs(Binding b) {
       .template Attr<double>("scale")
       .template Attr<std::string_view>("precision")
       .template Attr<std::int64_t>("threads")
-      .template Attr<std::int64_t>("layout_rank");
+      .template Attr<std::int64_t>("layout_rank")
+      .template Attr<double>("softcap");
 }
 
 ffi::Error attention_entry(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, bool causal, bool has_causal_offset,
                            std::int64_t causal_offset, std::int64_t window_left, std::int64_t window_right,
                            bool has_scale, double scale, std::string_view precision, std::int64_t threads,
-                           std::int64_t layout_rank) {
+                           std::int64_t layout_rank, double softcap) {
   return attention_impl(q, k, v, out, lse,
                         {causal, has_causal_offset, causal_offset, window_left, window_right, has_scale, scale,
-                         precision, threads, layout_rank});
+                         precision, threads, layout_rank, softcap});
 }
 
 ffi::Error backward_entry(ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -159,10 +162,10 @@ ffi::Error backward_entry(ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer 
                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv, bool causal,
                           bool has_causal_offset, std::int64_t causal_offset, std::int64_t window_left,
                           std::int64_t window_right, bool has_scale, double scale, std::string_view precision,
-                          std::int64_t threads, std::int64_t layout_rank) {
+                          std::int64_t threads, std::int64_t layout_rank, double softcap) {
   return backward_impl(dout, q, k, v, out, lse, dq, dk, dv,
                        {causal, has_causal_offset, causal_offset, window_left, window_right, has_scale, scale,
-                        precision, threads, layout_rank});
+                        precision, threads, layout_rank, softcap});
 }
 
 }  // namespace

@@ -83,6 +83,21 @@ def test_grad_matches_float64_gradients(rng, dtype, precision, window):
         assert_within(g, ref.grads[name], *bounds[name], f"jax.grad {dtype}: {name}")
 
 
+@pytest.mark.parametrize("sdpa", [False, True], ids=["5d", "4d"])
+def test_softcap_under_jit_gives_the_eager_bits(rng, sdpa):
+    q, k, v, dout = inputs(rng, (1, 2, 2, 23, 31, 64), "bfloat16", sdpa)
+    options = dict(causal=True, window=(9, -1), softcap=5.0, scale=1.0)
+    out, lse = jax.jit(lambda q, k, v: fj.attention(q, k, v, return_lse=True, **options))(q, k, v)
+    want, want_lse = flashgqa.attention(q, k, v, return_lse=True, **options)
+    assert np.array_equal(bits(out), bits(want)) and np.array_equal(bits(lse), bits(want_lse))
+    plain = flashgqa.attention(q, k, v, causal=True, window=(9, -1), scale=1.0)
+    assert not np.array_equal(bits(out), bits(plain)), "the cap changed nothing"
+    grads = jax.jit(jax.vjp(lambda q, k, v: fj.attention(q, k, v, **options), q, k, v)[1])(dout)
+    eager = flashgqa.attention_backward(dout, q, k, v, want, want_lse, **options)
+    for name, g, w in zip(GRADS, grads, eager):
+        assert np.array_equal(bits(g), bits(w)), f"{name} differs from the eager backward"
+
+
 def test_vmap_folds_leading_axes_into_one_call(rng):
     q, k, v, _ = inputs(rng, (2, 2, 2, 9, 13, 32), "float32")
     qs, ks, vs = np.stack([q, 2 * q, -q]), np.stack([k, k, 0.5 * k]), np.stack([v, -v, v])

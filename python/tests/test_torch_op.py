@@ -54,10 +54,10 @@ def op_args(case, rng, requires_grad=False):
 
 
 def op_options(causal=False, causal_offset=None, window=(-1, -1), scale=None, precision="bf16",
-               cu_seqlens_q=None, cu_seqlens_k=None):
+               cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0):
     """The op's positional options (schema order) from flashgqa.attention's keywords."""
     return (causal, causal_offset, window[0], window[1], scale, precision, cu_seqlens_q,
-            cu_seqlens_k)
+            cu_seqlens_k, softcap)
 
 
 PACKED = dict(cu_seqlens_q=cu([5, 0, 9]), cu_seqlens_k=cu([7, 4, 12]))
@@ -70,6 +70,7 @@ CASES = [
     ("5d", 1, 2, 1, 8, 3, 64, "bfloat16", dict(causal=True, scale=0.3)),
     ("3d", 1, 2, 2, 14, 23, 16, "float32", dict(causal=True, window=(4, -1), precision="f32",
                                                 **PACKED)),
+    ("4d", 1, 2, 2, 10, 13, 32, "bfloat16", dict(causal=True, softcap=2.0, scale=1.0)),
 ]
 
 
