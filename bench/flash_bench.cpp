@@ -38,11 +38,20 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // --- End to end -------------------------------------------------------------------------------------
 
-void attention_bench(benchmark::State& state, study::Shape shape, bool causal, int threads) {
+// With `sinks`, one random sink logit per query head (Options::sinks): their cost is one term per row.
+std::vector<float> random_sinks(const study::Shape& shape) {
+  std::vector<float> sinks(static_cast<std::size_t>(shape.K * shape.G));
+  for (std::size_t i = 0; i < sinks.size(); ++i) sinks[i] = static_cast<float>(i % 7) - 3.0f;
+  return sinks;
+}
+
+void attention_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool sinks) {
   study::BenchInputs inputs(shape, 1);
+  const std::vector<float> sink_logits = random_sinks(shape);
   Options o;
   o.causal = causal;
   o.threads = threads;
+  if (sinks) o.sinks = sink_logits.data();
   const bool decode = shape.T == 1;
   const double peak = bench::bf16_peak_flops(threads);
   const double dram = decode ? bench::dram_read_bandwidth(threads) : 0.0;
@@ -69,11 +78,14 @@ void attention_bench(benchmark::State& state, study::Shape shape, bool causal, i
 
 // The backward (and a training step: forward + backward) at FlashAttention's FLOP convention: the
 // backward counts 2.5 times the forward's FLOP of the visible area (5 matmuls to its 2), a step 3.5.
-void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step) {
+// With `sinks`, the backward also writes the sinks' gradient (attention_backward's dsinks overload).
+void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step, bool sinks) {
   study::BenchInputs inputs(shape, 1);
+  const std::vector<float> sink_logits = random_sinks(shape);
   Options o;
   o.causal = causal;
   o.threads = threads;
+  if (sinks) o.sinks = sink_logits.data();
   const double peak = bench::bf16_peak_flops(threads);
   inputs.run_backward(o);  // warm-up, and the forward's out and lse
   double seconds = 0;
@@ -97,18 +109,25 @@ void register_backward() {
                                            std::tuple{"train_step/noncausal", false, true}})
     for (int threads : {1, 2})
       benchmark::RegisterBenchmark((std::string(name) + "/T=S=4096/H=128/threads=" + std::to_string(threads)).c_str(),
-                                   backward_bench, study::Shape{1, 8, 4, 4096, 4096, 128}, causal, threads, step)
+                                   backward_bench, study::Shape{1, 8, 4, 4096, 4096, 128}, causal, threads, step,
+                                   false)
           ->Iterations(1)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("backward/sinks/noncausal/T=S=4096/H=128/threads=2", backward_bench,
+                               study::Shape{1, 8, 4, 4096, 4096, 128}, false, 2, false, true)
+      ->Iterations(1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
-void register_attention(const std::string& name, study::Shape shape, bool causal, int threads) {
+void register_attention(const std::string& name, study::Shape shape, bool causal, int threads,
+                        bool sinks = false) {
   // Rough time of one call (compute at 3e11 FLOP/s per thread, K/V at 1e10 B/s), for ~0.3 s per repetition.
   const double kv_bytes = 4.0 * static_cast<double>(shape.B * shape.K * shape.S * shape.H);
   const double seconds = std::max(study::attention_flops(shape, causal) / 3e11 / threads, kv_bytes / 1e10);
   const auto iterations = static_cast<benchmark::IterationCount>(std::max(1.0, 0.3 / seconds));
-  benchmark::RegisterBenchmark(name.c_str(), attention_bench, shape, causal, threads)
+  benchmark::RegisterBenchmark(name.c_str(), attention_bench, shape, causal, threads, sinks)
       ->Iterations(iterations)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
@@ -131,6 +150,13 @@ void register_end_to_end() {
   for (int threads : {1, 2})
     register_attention("flash/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
                        {1, 8, 4, 1, 32768, 128}, false, threads);
+  // Attention sinks: the same shapes with one sink logit per head (compare with the rows above).
+  for (int threads : {1, 2}) {
+    register_attention("flash/sinks/noncausal/T=S=4096/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 4096, 4096, 128}, false, threads, true);
+    register_attention("flash/sinks/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 1, 32768, 128}, false, threads, true);
+  }
 }
 
 // --- Kernels ------------------------------------------------------------------------------------------
