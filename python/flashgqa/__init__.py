@@ -18,7 +18,8 @@ this package checks only what the library cannot see (array kinds, devices, dtyp
 option types, integers too large for C++).
 
 ``attention_backward`` is the backward pass: from ``dout`` and the forward's q, k, v, out and lse
-(``attention(..., return_lse=True)``) it returns ``(dq, dk, dv)``, with the same layouts and rules.
+(``attention(..., return_lse=True)``) it returns ``(dq, dk, dv)``, with the same layouts and rules
+(and ``dsinks`` fourth when given the forward's ``sinks=``, gpt-oss's attention sinks).
 """
 
 from __future__ import annotations
