@@ -1,7 +1,8 @@
 // flashgqa_bench: the fast flash path (forward and backward) against this machine's ceilings, measured
 // in the same run.
 //
-//   GFLOP/s = 4 B K G T S H / time (halved when causal); pct_peak = that / the vdpbf16ps peak measured
+//   GFLOP/s = 4 B K G H x the (query, key) pairs the mask lets through / time (about half of T S when
+//   causal; windows and packed sequences count only their visible pairs); pct_peak = that / the vdpbf16ps peak measured
 //   on the same number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
 //   other work lowers both; decode (T = 1) also reports K/V bytes read per second and pct_dram against
 //   the DRAM read bandwidth measured right before. Inputs are random bf16 q, k, v and a bf16 output,
@@ -38,20 +39,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // --- End to end -------------------------------------------------------------------------------------
 
-// With `sinks`, one random sink logit per query head (Options::sinks): their cost is one term per row.
-std::vector<float> random_sinks(const study::Shape& shape) {
-  std::vector<float> sinks(static_cast<std::size_t>(shape.K * shape.G));
-  for (std::size_t i = 0; i < sinks.size(); ++i) sinks[i] = static_cast<float>(i % 7) - 3.0f;
-  return sinks;
-}
-
-void attention_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool sinks) {
+// `calls` calls on separate B = 1 problems of `shape` per iteration (the baseline of packed sequences),
+// or one call.
+void attention_bench(benchmark::State& state, study::Shape shape, Options o, int threads, int calls = 1) {
   study::BenchInputs inputs(shape, 1);
-  const std::vector<float> sink_logits = random_sinks(shape);
-  Options o;
-  o.causal = causal;
   o.threads = threads;
-  if (sinks) o.sinks = sink_logits.data();
   const bool decode = shape.T == 1;
   const double peak = bench::bf16_peak_flops(threads);
   const double dram = decode ? bench::dram_read_bandwidth(threads) : 0.0;
@@ -59,16 +51,18 @@ void attention_bench(benchmark::State& state, study::Shape shape, bool causal, i
   double seconds = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    inputs.run(o);
+    for (int c = 0; c < calls; ++c) inputs.run(o);
     seconds += seconds_since(t0);
   }
   const double per_call = seconds / static_cast<double>(state.iterations());
-  const double flops = study::attention_flops(shape, causal);
+  const double flops = calls * inputs.flops(o);
   state.counters["GFLOP/s"] = flops / per_call / 1e9;
   state.counters["peak_GFLOP/s"] = peak / 1e9;
   state.counters["pct_peak"] = 100.0 * flops / per_call / peak;
-  if (decode) {  // K and V are read once, 2 bytes per element
-    const double bytes = 2.0 * 2.0 * static_cast<double>(shape.B * shape.K * shape.S * shape.H);
+  if (decode) {  // K and V are read once, 2 bytes per element: the keys the window lets through
+    const double keys = o.window_left >= 0 ? std::min<double>(static_cast<double>(shape.S), static_cast<double>(o.window_left) + 1)
+                                           : static_cast<double>(shape.S);
+    const double bytes = 2.0 * 2.0 * static_cast<double>(shape.B * shape.K * shape.H) * keys;
     state.counters["GB/s"] = bytes / per_call / 1e9;
     state.counters["dram_GB/s"] = dram / 1e9;
     state.counters["pct_dram"] = 100.0 * bytes / per_call / dram;
@@ -76,16 +70,26 @@ void attention_bench(benchmark::State& state, study::Shape shape, bool causal, i
   state.SetLabel(isa_name(active_isa()));
 }
 
+// Sink logits for the K * G = 32 query heads of the shapes below (Options::sinks; -3 to 3).
+const float* bench_sinks() {
+  static const std::vector<float> sinks = [] {
+    std::vector<float> s(32);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>(i % 7) - 3.0f;
+    return s;
+  }();
+  return sinks.data();
+}
+
 // The backward (and a training step: forward + backward) at FlashAttention's FLOP convention: the
 // backward counts 2.5 times the forward's FLOP of the visible area (5 matmuls to its 2), a step 3.5.
 // With `sinks`, the backward also writes the sinks' gradient (attention_backward's dsinks overload).
-void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step, bool sinks) {
+void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step,
+                    bool sinks) {
   study::BenchInputs inputs(shape, 1);
-  const std::vector<float> sink_logits = random_sinks(shape);
   Options o;
   o.causal = causal;
   o.threads = threads;
-  if (sinks) o.sinks = sink_logits.data();
+  if (sinks) o.sinks = bench_sinks();
   const double peak = bench::bf16_peak_flops(threads);
   inputs.run_backward(o);  // warm-up, and the forward's out and lse
   double seconds = 0;
@@ -121,16 +125,46 @@ void register_backward() {
       ->Unit(benchmark::kMillisecond);
 }
 
-void register_attention(const std::string& name, study::Shape shape, bool causal, int threads,
-                        bool sinks = false) {
+void register_attention(const std::string& name, study::Shape shape, const Options& o, int threads, int calls = 1) {
   // Rough time of one call (compute at 3e11 FLOP/s per thread, K/V at 1e10 B/s), for ~0.3 s per repetition.
   const double kv_bytes = 4.0 * static_cast<double>(shape.B * shape.K * shape.S * shape.H);
-  const double seconds = std::max(study::attention_flops(shape, causal) / 3e11 / threads, kv_bytes / 1e10);
+  // The mask's FLOP from a one-head, H = 1 stand-in of the shape (cheap to allocate), scaled up.
+  const double flops = calls * study::BenchInputs({1, 1, 1, shape.T, shape.S, 1}, 1).flops(o) *
+                       static_cast<double>(shape.B * shape.K * shape.G * shape.H);
+  const double seconds = std::max(flops / 3e11 / threads, kv_bytes / 1e10);
   const auto iterations = static_cast<benchmark::IterationCount>(std::max(1.0, 0.3 / seconds));
-  benchmark::RegisterBenchmark(name.c_str(), attention_bench, shape, causal, threads, sinks)
+  benchmark::RegisterBenchmark(name.c_str(), attention_bench, shape, o, threads, calls)
       ->Iterations(iterations)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
+}
+
+Options causal_options(bool causal) {
+  Options o;
+  o.causal = causal;
+  return o;
+}
+
+// The variants of issue #11 (2 threads, the targets' setting): a 4096-key window on a long causal
+// sequence against the full causal one; 8 packed causal sequences of 4096 against 8 separate calls;
+// decode over a 4096-key window of a 32768-key cache.
+void register_variants() {
+  const std::string tail = "/H=128/threads=2";
+  Options window = causal_options(true);
+  window.window_left = 4096;
+  window.window_right = 0;
+  register_attention("flash/causal-window=4096,0/T=S=32768" + tail, {1, 8, 4, 32768, 32768, 128}, window, 2);
+  register_attention("flash/causal/T=S=32768" + tail, {1, 8, 4, 32768, 32768, 128}, causal_options(true), 2);
+  static std::vector<std::int32_t> cu;  // 0, 4096, ..., 32768
+  for (int i = 0; i <= 8; ++i) cu.push_back(4096 * i);
+  Options packed = causal_options(true);
+  packed.cu_seqlens_q = packed.cu_seqlens_k = cu.data();
+  packed.num_sequences = 8;
+  register_attention("flash/packed-causal/8x4096" + tail, {1, 8, 4, 32768, 32768, 128}, packed, 2);
+  register_attention("flash/separate-causal/8x4096" + tail, {1, 8, 4, 4096, 4096, 128}, causal_options(true), 2, 8);
+  Options decode_window;
+  decode_window.window_left = 4095;
+  register_attention("flash/decode-window=4095,-1/T=1/S=32768" + tail, {1, 8, 4, 1, 32768, 128}, decode_window, 2);
 }
 
 void register_end_to_end() {
@@ -138,24 +172,26 @@ void register_end_to_end() {
     for (int threads : {1, 2})
       register_attention(
           "flash/noncausal/T=S=" + std::to_string(L) + "/H=128/threads=" + std::to_string(threads),
-          {1, 8, 4, L, L, 128}, false, threads);
+          {1, 8, 4, L, L, 128}, causal_options(false), threads);
   for (int threads : {1, 2})
     register_attention("flash/causal/T=S=4096/H=128/threads=" + std::to_string(threads),
-                       {1, 8, 4, 4096, 4096, 128}, true, threads);
+                       {1, 8, 4, 4096, 4096, 128}, causal_options(true), threads);
   for (std::int64_t H : {64, 256})
     for (int threads : {1, 2})
       register_attention(
           "flash/noncausal/T=S=4096/H=" + std::to_string(H) + "/threads=" + std::to_string(threads),
-          {1, 8, 4, 4096, 4096, H}, false, threads);
+          {1, 8, 4, 4096, 4096, H}, causal_options(false), threads);
   for (int threads : {1, 2})
     register_attention("flash/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
-                       {1, 8, 4, 1, 32768, 128}, false, threads);
+                       {1, 8, 4, 1, 32768, 128}, causal_options(false), threads);
   // Attention sinks: the same shapes with one sink logit per head (compare with the rows above).
+  Options sinks;
+  sinks.sinks = bench_sinks();
   for (int threads : {1, 2}) {
     register_attention("flash/sinks/noncausal/T=S=4096/H=128/threads=" + std::to_string(threads),
-                       {1, 8, 4, 4096, 4096, 128}, false, threads, true);
+                       {1, 8, 4, 4096, 4096, 128}, sinks, threads);
     register_attention("flash/sinks/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
-                       {1, 8, 4, 1, 32768, 128}, false, threads, true);
+                       {1, 8, 4, 1, 32768, 128}, sinks, threads);
   }
 }
 
@@ -249,6 +285,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("isa", isa_name(active_isa()));
   register_kernels();
   register_end_to_end();
+  register_variants();
   register_backward();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

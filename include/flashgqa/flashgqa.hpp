@@ -10,7 +10,8 @@
 // viewed without copying (see split_heads / sdpa_q_view / fa_q_view below). lse may have any strides.
 //
 // out[b,k,g,t,:] = sum_j softmax_j(scale * q[b,k,g,t,:] . k[b,k,j,:]) v[b,k,j,:]
-// over the keys j that query t may see: all of them, or with causal masking those with j <= t + offset.
+// over the keys j that query t may see: all of them, or those the mask lets through (Options: causal
+// masking, j <= t + offset; a sliding window; packed sequences).
 //
 // Precision::bf16 (the seed's rule, the default): q, k, v and the softmax weights enter the matmuls
 // rounded to bfloat16; every accumulation is fp32. Precision::f32: operands stay fp32.
@@ -156,6 +157,23 @@ struct Options {
   // Query t may see key j when j <= t + causal_offset. Default S - T (bottom-right aligned, as
   // FlashAttention); 0 is top-left (as PyTorch SDPA's is_causal).
   std::optional<std::int64_t> causal_offset;
+  // A sliding window (FlashAttention's window_size, as Mistral and Gemma use): query t sees key j when
+  //   t + offset - window_left <= j <= t + offset + window_right,
+  // offset as for causal (causal_offset, default S - T); -1 = unbounded on that side. Composes with
+  // causal, which sets the right side to 0: causal with window_left = 4095 is a 4096-key window ending
+  // at the diagonal. Cost follows the visible keys: KV blocks no row of a block sees are skipped.
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
+  // Packed sequences (FlashAttention's varlen): with num_sequences = n > 0, cu_seqlens_q and
+  // cu_seqlens_k point to n + 1 non-decreasing int32 offsets, from 0 to T and to S, on a B = 1 problem.
+  // Sequence i is queries [cu_seqlens_q[i], cu_seqlens_q[i+1]) against keys [cu_seqlens_k[i],
+  // cu_seqlens_k[i+1]): nothing crosses a boundary, and causal masks and windows apply to positions
+  // within each sequence, with causal_offset (default: each sequence's own S_i - T_i) per sequence.
+  // FlashAttention's packed [total, Hq, H] layout is a strided view: split_heads of q viewed as
+  // [1, total, Hq, H] with dims 1 and 2 swapped (the Python module takes 3-D arrays directly).
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  std::int64_t num_sequences = 0;
   Precision precision = Precision::bf16;
   // Rows of q per block and keys per KV block; 0 = chosen automatically, from the shape, the
   // instruction set and a fixed, nominal cache model (48 KiB L1d, 1 MiB L2 per core), never from the

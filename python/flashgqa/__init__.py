@@ -5,7 +5,9 @@ head, H head dim. Two layouts are accepted for q (and the result):
 
 - 5-D ``[B, K, G, T, H]`` (the seed's), with k, v ``[B, K, S, H]``;
 - 4-D ``[B, Hq, T, H]`` (PyTorch SDPA's), with k, v ``[B, K, S, H]`` and ``Hq = K * G``
-  (query head ``h`` uses kv head ``h // G``, as SDPA's ``enable_gqa=True``).
+  (query head ``h`` uses kv head ``h // G``, as SDPA's ``enable_gqa=True``);
+- 3-D ``[total, Hq, H]`` (FlashAttention's packed varlen layout), with k, v ``[total_k, K, H]``:
+  one batch, cut into sequences by ``cu_seqlens_q`` / ``cu_seqlens_k``.
 
 Inputs are taken without copying: any CPU array with DLPack or the buffer protocol (numpy with
 float32, float16 or ml_dtypes.bfloat16; torch tensors; jax arrays), strided views included. Only the
@@ -150,6 +152,27 @@ def _import_qkv(q, k, v):
     return qi, ki, vi
 
 
+def _offsets(x, name):
+    """cu_seqlens_*: None, or n + 1 integer offsets (any array kind or a list) as contiguous int32."""
+    if x is None:
+        return None
+    torch = _module_of(x, "torch")
+    if torch is not None:
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: torch tensor on device {x.device}, expected a CPU tensor")
+        x = x.detach()
+    try:
+        a = np.asarray(x)
+    except Exception as e:
+        raise TypeError(f"{name}: got {type(x).__name__} ({e}), expected a 1-D array of ints") from None
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: {a.ndim}-D array of {a.dtype}, expected a 1-D array of ints "
+                        "(n + 1 offsets)")
+    if a.size and (a.min() < -2**31 or a.max() > 2**31 - 1):
+        raise ValueError(f"{name}: offsets from {a.min()} to {a.max()}, expected int32 values")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
 def _empty_like_kind(qi, shape, dtype):
     """A new C-order array of q's kind (numpy for jax and other inputs), and the binding's view."""
     if qi.kind == "torch":
@@ -238,20 +261,29 @@ def _like_sinks(sinks, values):
     return values.astype(array.dtype).reshape(array.shape)
 
 
-def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",
-              algo="flash", return_lse=False, block_q=None, block_kv=None, threads=None,
-              out=None, sinks=None):
+def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seqlens_q=None,
+              cu_seqlens_k=None, scale=None, precision="bf16", algo="flash", return_lse=False,
+              block_q=None, block_kv=None, threads=None, out=None, sinks=None):
     """Exact softmax attention, grouped-query: each kv head serves G query heads.
 
     Args:
-      q: ``[B, K, G, T, H]``, or SDPA's ``[B, Hq, T, H]`` with ``Hq = K * G``.
-      k, v: ``[B, K, S, H]``.
+      q: ``[B, K, G, T, H]``, or SDPA's ``[B, Hq, T, H]`` with ``Hq = K * G``, or
+        FlashAttention's packed ``[total, Hq, H]``.
+      k, v: ``[B, K, S, H]`` (``[total_k, K, H]`` with a packed q).
         q, k and v share one dtype: float32, float16 or bfloat16 (numpy: ml_dtypes.bfloat16).
         Any CPU array with DLPack or the buffer protocol, read in place (strided views welcome;
         the last dimension H must have stride 1).
       causal: mask keys after each query: query t sees key j when ``j <= t + causal_offset``.
       causal_offset: default ``S - T`` (bottom-right aligned, as FlashAttention); ``0`` is
         top-left, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``.
+      window: ``(left, right)``, FlashAttention's ``window_size``: query t sees key j when
+        ``t + offset - left <= j <= t + offset + right`` (offset as for causal; -1 = unbounded on
+        that side). With ``causal`` the right side is 0. Cost follows the visible keys.
+      cu_seqlens_q, cu_seqlens_k: packed sequences (FlashAttention's varlen): n + 1 int offsets
+        each, from 0 to T and to S, on one batch (B = 1, or the 3-D packed layout). Sequence i is
+        queries ``[cu_q[i], cu_q[i+1])`` against keys ``[cu_k[i], cu_k[i+1])``; nothing crosses a
+        boundary; causal (default offset: each sequence's own ``S_i - T_i``) and windows apply
+        within each sequence.
       scale: multiplies the logits ``q . k``; default ``1 / sqrt(H)``. The seed pre-scales q and
         uses 1.0.
       precision: ``"bf16"`` (the seed's rule: q, k, v and the softmax weights enter the matmuls
@@ -259,8 +291,8 @@ def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precisio
       algo: ``"flash"`` (default), ``"naive"``, ``"chunked"``, ``"chunked-unstable"``,
         ``"kernel1"``: the seed's ladder.
       return_lse: also return ``lse = log(sum_j exp(scale * q . k_j))`` (float32, natural log)
-        of shape ``[B, K, G, T]`` (5-D q) or ``[B, Hq, T]`` (4-D q); ``-inf`` for rows that see
-        no key.
+        of shape ``[B, K, G, T]`` (5-D q), ``[B, Hq, T]`` (4-D q) or ``[total, Hq]`` (3-D q);
+        ``-inf`` for rows that see no key.
       block_q, block_kv: rows of q per block and keys per KV block; None chooses.
       threads: worker threads; None uses all cores.
       out: optional writable array of q's shape (float32, float16 or bfloat16) to write into.
@@ -282,7 +314,9 @@ def attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precisio
     # for an int too large for C++) and the library checks their values.
     _flashgqa.attention(
         qi.arg, ki.arg, vi.arg, out_arg, lse_arg, causal=bool(causal),
-        causal_offset=causal_offset, scale=scale, precision=precision, algo=algo,
+        causal_offset=causal_offset, window=window,
+        cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
+        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision, algo=algo,
         block_q=block_q, block_kv=block_kv, threads=threads,
         sinks=_import_sinks(sinks, qi, ki))
     result = result if out is not None else _finish(qi, result)
@@ -310,8 +344,9 @@ def _import_like_q(qi, obj, name, dtypes=None):
     return xi
 
 
-def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, scale=None,
-                       precision="bf16", block_q=None, block_kv=None, threads=None, sinks=None):
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, window=None,
+                       cu_seqlens_q=None, cu_seqlens_k=None, scale=None, precision="bf16",
+                       block_q=None, block_kv=None, threads=None, sinks=None):
     """The gradients of :func:`attention`: ``(dq, dk, dv)`` of a loss L from ``dout = dL/dout``.
 
     FlashAttention-2's backward: the softmax weights P are recomputed from q, k and the forward's
@@ -327,7 +362,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
         ``attention(q, k, v, return_lse=True, ...)`` returned them with the same causal,
         causal_offset, scale and precision: out of q's shape, lse ``[B, K, G, T]`` (5-D q) or
         ``[B, Hq, T]`` (4-D q); both of q's kind.
-      causal, causal_offset, scale: as for :func:`attention` (the forward's values).
+      causal, causal_offset, window, cu_seqlens_q, cu_seqlens_k, scale: as for
+        :func:`attention` (the forward's values).
       precision: ``"bf16"``: q, k, v and dout enter the matmuls rounded to bfloat16, and so do the
         weights P before ``dv = P^T dout`` and ``dS`` before ``dq`` and ``dk``; every
         accumulation (``D`` too) is float32. ``"f32"``: all operands stay float32.
@@ -352,17 +388,19 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
     dsinks = None if sinks is None else np.empty_like(sinks_arg)
     _flashgqa.attention_backward(
         di.arg, qi.arg, ki.arg, vi.arg, oi.arg, li.arg, dq_arg, dk_arg, dv_arg,
-        causal=bool(causal), causal_offset=causal_offset, scale=scale, precision=precision,
+        causal=bool(causal), causal_offset=causal_offset, window=window,
+        cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
+        cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision,
         block_q=block_q, block_kv=block_kv, threads=threads, sinks=sinks_arg, dsinks=dsinks)
     grads = _finish(qi, dq), _finish(ki, dk), _finish(ki, dv)
     return grads if sinks is None else grads + (_like_sinks(sinks, dsinks),)
 
 
-def linear_attention(q, k, v, *, causal=False, causal_offset=None, scale=None, precision="bf16",
-                     block_kv=None, threads=None, out=None):
+def linear_attention(q, k, v, *, causal=False, causal_offset=None, window=None, scale=None,
+                     precision="bf16", block_kv=None, threads=None, out=None):
     """The seed's linear attention (no softmax): ``out[t] = sum_j (scale * q_t . k_j) v_j``.
 
-    Shapes, dtypes, kinds and the options causal, causal_offset, scale, precision (under "bf16"
+    Shapes, dtypes, kinds and the options causal, causal_offset, window, scale, precision (under "bf16"
     the logits are rounded to bfloat16 before the second matmul), block_kv (keys per chunk),
     threads and out are those of :func:`attention`: q ``[B, K, G, T, H]`` or ``[B, Hq, T, H]``,
     k, v ``[B, K, S, H]``; returns an array of q's shape, kind and dtype.
@@ -371,5 +409,5 @@ def linear_attention(q, k, v, *, causal=False, causal_offset=None, scale=None, p
     result, out_arg = _output(qi, out)
     _flashgqa.linear_attention(
         qi.arg, ki.arg, vi.arg, out_arg, causal=bool(causal), causal_offset=causal_offset,
-        scale=scale, precision=precision, block_kv=block_kv, threads=threads)
+        window=window, scale=scale, precision=precision, block_kv=block_kv, threads=threads)
     return result if out is not None else _finish(qi, result)

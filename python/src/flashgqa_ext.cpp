@@ -9,8 +9,9 @@
 //   - dtypes: float32, float16, bfloat16, and uint16, which this module reads as raw bfloat16
 //     bits (numpy's DLPack export does not know ml_dtypes.bfloat16: the front passes a uint16
 //     view);
-//   - q and out are [B,K,G,T,H] or SDPA's [B,Hq,T,H] with Hq = K*G (K taken from k); lse is
-//     [B,K,G,T] or [B,Hq,T] to match; k, v are [B,K,S,H]. The backward's dout and dq are shaped
+//   - q and out are [B,K,G,T,H], SDPA's [B,Hq,T,H] with Hq = K*G (K taken from k), or
+//     FlashAttention's packed [total,Hq,H]; lse is [B,K,G,T], [B,Hq,T] or [total,Hq] to match; k, v
+//     are [B,K,S,H] ([total,K,H] with a packed q). cu_seqlens_q/k arrive as contiguous int32. The backward's dout and dq are shaped
 //     like q, dk and dv like k. A 4-D q (and everything shaped like it) goes through the library's
 //     split_heads, so any strided 4-D view maps to a 5-D view without a copy;
 //   - the options arrive as the user gave them (None for defaults): this module converts them to
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "flashgqa/flashgqa.hpp"
@@ -154,30 +156,60 @@ struct Operand {
   flashgqa::TensorView view;
 };
 
+// FlashAttention's packed layout viewed as one batch: [total, heads, H] (q-like, k-like) or
+// [total, heads] (lse) as [1, heads, total, H] or [1, heads, total], without moving data.
+flashgqa::TensorView packed_as_batch(const flashgqa::TensorView& t) {
+  flashgqa::TensorView v = t;
+  v.rank = t.rank + 1;
+  v.shape = {1, t.shape[1], t.shape[0], t.rank == 3 ? t.shape[2] : 0, 0};
+  v.stride = {0, t.stride[1], t.stride[0], t.rank == 3 ? t.stride[2] : 0, 0};
+  return v;
+}
+
 // q's layout, which every array shaped like q (out, lse, dout, dq) shares: a 5-D q goes to the
-// library as it is, a 4-D q (SDPA's) is split by k's K first.
+// library as it is, a 4-D q (SDPA's) is split by k's K first, a 3-D q (FlashAttention's packed
+// [total, Hq, H], with k, v [total, K, H]) is viewed as [1, Hq, total, H] and then split.
 struct QLayout {
-  bool sdpa = false;
+  bool sdpa = false, packed = false;
   int64_t K = 0;
 
   flashgqa::TensorView view(const flashgqa::TensorView& plain, const char* name) const {
+    if (packed) {
+      if (plain.rank != 3 && plain.rank != 2)
+        throw nb::value_error((std::string(name) + ": rank " + std::to_string(plain.rank) +
+                               ", expected the packed layout of q: [total, Hq, H] (lse [total, Hq])")
+                                  .c_str());
+      return split_by_k(packed_as_batch(plain), K, name);
+    }
     return sdpa ? split_by_k(plain, K, name) : plain;
+  }
+  // k, v, dk, dv: as given, or [total, K, H] viewed as [1, K, total, H].
+  flashgqa::TensorView kv_view(const flashgqa::TensorView& plain, const char* name) const {
+    if (!packed) return plain;
+    if (plain.rank != 3)
+      throw nb::value_error((std::string(name) + ": rank " + std::to_string(plain.rank) +
+                             ", expected 3 [total, K, H] (the packed layout of q)")
+                                .c_str());
+    return packed_as_batch(plain);
   }
 };
 
 // The rank of q picks the layout; every other check is the library's.
 QLayout q_layout(const flashgqa::TensorView& q, const flashgqa::TensorView& k) {
-  if (q.rank != 4 && q.rank != 5)
-    throw nb::value_error(
-        ("q: rank " + std::to_string(q.rank) + ", expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H]")
-            .c_str());
+  if (q.rank < 3 || q.rank > 5)
+    throw nb::value_error(("q: rank " + std::to_string(q.rank) +
+                           ", expected 5 [B,K,G,T,H], 4 [B,Hq,T,H] or 3 [total,Hq,H] (packed)")
+                              .c_str());
   QLayout layout;
   layout.sdpa = q.rank == 4;
-  if (layout.sdpa && k.rank != 4)  // (for a 5-D q the library reports it)
-    throw nb::value_error(("k: rank " + std::to_string(k.rank) +
-                           ", expected 4 [B,K,S,H] (its K splits the heads of the 4-D q)")
+  layout.packed = q.rank == 3;
+  const int k_rank = layout.packed ? 3 : 4;
+  if (q.rank != 5 && k.rank != k_rank)  // (for a 5-D q the library reports it)
+    throw nb::value_error(("k: rank " + std::to_string(k.rank) + ", expected " +
+                           (layout.packed ? "3 [total,K,H] (the packed layout of q)"
+                                          : "4 [B,K,S,H] (its K splits the heads of the 4-D q)"))
                               .c_str());
-  layout.K = layout.sdpa ? k.shape[1] : 0;
+  layout.K = layout.sdpa ? k.shape[1] : layout.packed ? k.shape[1] : 0;
   return layout;
 }
 
@@ -204,6 +236,8 @@ Inputs import_inputs(nb::handle q, nb::handle k, nb::handle v) {
   in.v = import_operand<InArray>(v, "v");
   in.layout = q_layout(in.q.view, in.k.view);
   in.q.view = in.layout.view(in.q.view, "q");
+  in.k.view = in.layout.kv_view(in.k.view, "k");
+  in.v.view = in.layout.kv_view(in.v.view, "v");
   return in;
 }
 
@@ -247,6 +281,8 @@ BackwardCall make_backward_call(nb::handle dout, nb::handle q, nb::handle k, nb:
   c.dq = import_operand<OutArray>(dq, "dq", &c.in.layout);
   c.dk = import_operand<OutArray>(dk, "dk");
   c.dv = import_operand<OutArray>(dv, "dv");
+  c.dk.view = c.in.layout.kv_view(c.dk.view, "dk");
+  c.dv.view = c.in.layout.kv_view(c.dv.view, "dv");
   return c;
 }
 
@@ -324,11 +360,71 @@ std::string name_option(nb::handle h, const char* name,
   return nb::cast<std::string>(h);
 }
 
+// window: None (unbounded) or a pair (left, right) of ints, -1 = unbounded on that side.
+void set_window(flashgqa::Options& o, nb::handle window) {
+  if (window.is_none()) return;
+  const auto expected = [&] {
+    return nb::type_error(("window: " + repr_string(window) +
+                           ", expected None or a pair (left, right) of ints (-1: unbounded)")
+                              .c_str());
+  };
+  if (!PySequence_Check(window.ptr()) || nb::isinstance<nb::str>(window)) throw expected();
+  const Py_ssize_t n = PySequence_Size(window.ptr());
+  if (n < 0) throw nb::python_error();
+  if (n != 2) throw expected();
+  const nb::object left = nb::steal(PySequence_GetItem(window.ptr(), 0));
+  const nb::object right = nb::steal(PySequence_GetItem(window.ptr(), 1));
+  if (!left.is_valid() || !right.is_valid()) throw nb::python_error();
+  if (left.is_none() || right.is_none()) throw expected();
+  o.window_left = *int64_option(left, "window[0]");
+  o.window_right = *int64_option(right, "window[1]");
+}
+
+// The packed sequences' offsets: contiguous int32 arrays from the front (or None), kept alive
+// for the call.
+using Offsets = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+struct Packing {
+  Offsets cu_q, cu_k;
+  bool given = false;
+
+  void apply(flashgqa::Options& o) const {
+    if (!given) return;
+    o.cu_seqlens_q = cu_q.data();
+    o.cu_seqlens_k = cu_k.data();
+    // n + 1 offsets give n sequences; two lengths that differ leave the library a clear error.
+    o.num_sequences = cu_q.shape(0) == cu_k.shape(0) ? static_cast<int64_t>(cu_q.shape(0)) - 1 : -1;
+  }
+};
+
+Packing import_packing(nb::handle cu_q, nb::handle cu_k) {
+  Packing p;
+  if (cu_q.is_none() && cu_k.is_none()) return p;
+  if (cu_q.is_none() || cu_k.is_none())
+    throw nb::value_error("cu_seqlens_q, cu_seqlens_k: one given without the other, expected both "
+                          "(or neither)");
+  for (const auto& [h, a, name] : {std::tuple{cu_q, &p.cu_q, "cu_seqlens_q"}, std::tuple{cu_k, &p.cu_k, "cu_seqlens_k"}})
+    if (!nb::try_cast(h, *a, /*convert=*/false))
+      throw nb::type_error((std::string(name) + ": " + nb::type_name(h.type()).c_str() +
+                            ", expected a 1-D contiguous int32 CPU array")
+                               .c_str());
+  if (p.cu_q.shape(0) != p.cu_k.shape(0))
+    throw nb::value_error(("cu_seqlens_q, cu_seqlens_k: lengths " + std::to_string(p.cu_q.shape(0)) +
+                           " and " + std::to_string(p.cu_k.shape(0)) + ", expected the same (n + 1 offsets)")
+                              .c_str());
+  if (p.cu_q.shape(0) < 2)
+    throw nb::value_error(("cu_seqlens_q: " + std::to_string(p.cu_q.shape(0)) +
+                           " offsets, expected n + 1 >= 2 (0, then each sequence's end)")
+                              .c_str());
+  p.given = true;
+  return p;
+}
+
 // The library's Options from the Python arguments (None = the library's default).
-flashgqa::Options make_options(bool causal, nb::handle causal_offset, nb::handle scale,
+flashgqa::Options make_options(bool causal, nb::handle causal_offset, nb::handle window, nb::handle scale,
                                nb::handle precision, nb::handle algo, nb::handle block_q,
                                nb::handle block_kv, nb::handle threads) {
   flashgqa::Options o;
+  set_window(o, window);
   if (!algo.is_none())
     o.algorithm =
         flashgqa::parse_algorithm(name_option(algo, "algo", flashgqa::kAlgorithmNames), "algo");
@@ -404,13 +500,15 @@ void run_interruptible(flashgqa::Options options, Call call) {
 }
 
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-               bool causal, nb::handle causal_offset, nb::handle scale, nb::handle precision,
-               nb::handle algo, nb::handle block_q, nb::handle block_kv, nb::handle threads,
-               nb::handle sinks) {
+               bool causal, nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
+               nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision, nb::handle algo,
+               nb::handle block_q, nb::handle block_kv, nb::handle threads, nb::handle sinks) {
   const Call c = make_call(q, k, v, out, lse);
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   flashgqa::Options o =
-      make_options(causal, causal_offset, scale, precision, algo, block_q, block_kv, threads);
+      make_options(causal, causal_offset, window, scale, precision, algo, block_q, block_kv, threads);
+  const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
+  packing.apply(o);
   Operand<InArray> sinks_operand;
   o.sinks = sinks_option(sinks, "sinks", c.in.q.view, sinks_operand);
   run_interruptible(o, [&](const flashgqa::Options& opts) {
@@ -422,11 +520,11 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
 }
 
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
-                      nb::handle causal_offset, nb::handle scale, nb::handle precision,
+                      nb::handle causal_offset, nb::handle window, nb::handle scale, nb::handle precision,
                       nb::handle block_kv, nb::handle threads) {
   const Call c = make_call(q, k, v, out, nb::none());
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
-  const flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
+  const flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(),
                                            nb::none(), block_kv, threads);
   run_interruptible(o, [&](const flashgqa::Options& opts) {
     flashgqa::linear_attention(c.out.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
@@ -435,12 +533,15 @@ void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, 
 
 void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
                         nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, bool causal,
-                        nb::handle causal_offset, nb::handle scale, nb::handle precision,
+                        nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
+                        nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision,
                         nb::handle block_q, nb::handle block_kv, nb::handle threads,
                         nb::handle sinks, nb::handle dsinks) {
   const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
-  flashgqa::Options o = make_options(causal, causal_offset, scale, precision, nb::none(),
+  flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(),
                                      block_q, block_kv, threads);
+  const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
+  packing.apply(o);
   Operand<InArray> sinks_operand;
   Operand<OutArray> dsinks_operand;
   o.sinks = sinks_option(sinks, "sinks", c.in.q.view, sinks_operand);
@@ -521,6 +622,7 @@ NB_MODULE(_flashgqa, m) {
   // Every option may be None (the library's default); see make_options.
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
+        nb::arg("window").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("algo").none(),
         nb::arg("block_q").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
         nb::arg("sinks").none() = nb::none(),
@@ -528,12 +630,13 @@ NB_MODULE(_flashgqa, m) {
         "[B,K,S,H]; sinks None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
-        nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),
+        nb::arg("window").none(), nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),
         nb::arg("threads").none(),
         "Writes the seed's linear attention into out in place; shapes as attention.");
   m.def("attention_backward", &attention_backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-        nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("scale").none(),
+        nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window").none(),
+        nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("scale").none(),
         nb::arg("precision").none(), nb::arg("block_q").none(), nb::arg("block_kv").none(),
         nb::arg("threads").none(), nb::arg("sinks").none() = nb::none(),
         nb::arg("dsinks").none() = nb::none(),

@@ -106,8 +106,8 @@ class BackwardReference(Reference):
     """Exact (float64) gradients of q [B,K,G,T,H], k, v [B,K,S,H] for dout [B,K,G,T,H], and the
     sums their bounds need."""
 
-    def __init__(self, q, k, v, dout, scale, causal_offset=None, sinks=None):
-        super().__init__(q, k, v, scale, causal_offset, sinks)
+    def __init__(self, q, k, v, dout, scale, causal_offset=None, mask=None, sinks=None):
+        super().__init__(q, k, v, scale, causal_offset, mask, sinks)
         p = self.p
         dp = np.einsum("bkgth,bksh->bkgts", dout, v)
         x = dp - (p * dp).sum(axis=-1, keepdims=True)

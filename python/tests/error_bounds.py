@@ -87,14 +87,15 @@ def _visible(T, S, causal_offset):
 class Reference:
     """Exact (float64) attention of q [B,K,G,T,H], k, v [B,K,S,H] and the sums the bounds need."""
 
-    def __init__(self, q, k, v, scale, causal_offset=None, sinks=None):
-        """sinks: None or float64 [K, G] sink logits (each a denominator term e^sink, no value)."""
+    def __init__(self, q, k, v, scale, causal_offset=None, mask=None, sinks=None):
+        """mask: [T, S] bool of the keys each query sees, in place of causal_offset.
+        sinks: None or float64 [K, G] sink logits (each a denominator term e^sink, no value)."""
         self.T, self.S, self.H = q.shape[3], k.shape[2], q.shape[4]
         K, G = q.shape[1], q.shape[2]
         sink = (np.full((1, K, G, 1, 1), -np.inf) if sinks is None
                 else np.asarray(sinks, dtype=np.float64).reshape(1, K, G, 1, 1))
         self.sink = sink
-        vis = _visible(self.T, self.S, causal_offset)
+        vis = mask if mask is not None else _visible(self.T, self.S, causal_offset)
         logits = scale * np.einsum("bkgth,bksh->bkgts", q, k)
         absdot = abs(scale) * np.einsum("bkgth,bksh->bkgts", np.abs(q), np.abs(k))
         self.A = np.where(vis, absdot, 0.0).max(axis=-1, initial=0.0)[..., None]  # [B,K,G,T,1]
@@ -158,6 +159,32 @@ class Reference:
         deterministic = e - sum(sides_u_p) * self.linear_wv
         sigma = math.sqrt(sum(u**2 for u in sides_u_p)) * self.linear_wv_rms / math.sqrt(3.0)
         return e + rounding, float(np.mean(4 * sigma + deterministic + rounding))
+
+
+def window_mask(T, S, causal=False, causal_offset=None, window=(-1, -1), cu_seqlens=None):
+    """[T, S] bool: the keys each query sees under FlashAttention's rules, written independently of
+    the library: query t sees key j when j <= t + offset (causal) and t + offset - left <= j <=
+    t + offset + right (window; -1 unbounded), offset default S - T; with cu_seqlens = (cu_q, cu_k)
+    only within its own sequence, positions and the default offset taken per sequence."""
+    if cu_seqlens is None:
+        cu_seqlens = ([0, T], [0, S])
+    cu_q, cu_k = cu_seqlens
+    mask = np.zeros((T, S), dtype=bool)
+    left, right = window
+    for i in range(len(cu_q) - 1):
+        Ti, Si = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+        off = Si - Ti if causal_offset is None else causal_offset
+        t = np.arange(Ti)[:, None]
+        j = np.arange(Si)[None, :]
+        m = np.ones((Ti, Si), dtype=bool)
+        if causal:
+            m &= j <= t + off
+        if left >= 0:
+            m &= j >= t + off - left
+        if right >= 0:
+            m &= j <= t + off + right
+        mask[cu_q[i]:cu_q[i + 1], cu_k[i]:cu_k[i + 1]] = m
+    return mask
 
 
 def assert_within(got, want, max_bound, mean_bound, what):

@@ -29,13 +29,14 @@ def qkv(dtype=np.float32):
         (lambda q, k, v: (np.concatenate([q, q]), k, v), r"k: .* has B = 1, expected 2"),
         (lambda q, k, v: (q[0], k, v), r"q: shape \[2,3,4,8\] \[B,Hq,T,H\] has Hq = 3 query "
                                        r"heads, expected a multiple of K = 2 kv heads"),
-        (lambda q, k, v: (q[0, 0], k, v), r"q: rank 3, expected 5 \[B,K,G,T,H\] or 4 "
-                                          r"\[B,Hq,T,H\]"),
+        (lambda q, k, v: (q[0, 0, 0], k, v), r"q: rank 2, expected 5 \[B,K,G,T,H\], 4 "
+                                             r"\[B,Hq,T,H\] or 3 \[total,Hq,H\] \(packed\)"),
+        (lambda q, k, v: (q[0, 0], k, v), r"k: rank 4, expected 3 \[total,K,H\]"),
         (lambda q, k, v: (q, k[0], v[0]), r"k: rank 3, expected 4"),
         (lambda q, k, v: (q[..., ::2], k[..., ::2], v[..., ::2]), r"q: innermost stride 2, "
                                                                   r"expected 1"),
     ],
-    ids=["v-vs-k", "H", "K", "B", "4d-heads", "rank-3", "k-rank", "inner-stride"],
+    ids=["v-vs-k", "H", "K", "B", "4d-heads", "rank-2", "packed-k-rank", "k-rank", "inner-stride"],
 )
 def test_bad_shapes_raise_value_error(make, match):
     q, k, v = make(*qkv())

@@ -58,19 +58,13 @@ std::vector<float> gradient_values(const BackwardProblem& p) {
   return x;
 }
 
-// The forward (flash on `isa`, with the problem's window), then the backward; checked against the
-// reference. `values` gets the gradients.
-ErrorReport run_and_check(BackwardCase& c, const Options& o, Isa isa, std::int64_t window_left = -1,
-                          std::int64_t window_right = -1, std::vector<float>* values = nullptr) {
+// The forward (flash on `isa`), then the backward; checked against the reference. `values` gets the
+// gradients.
+ErrorReport run_and_check(BackwardCase& c, const Options& o, Isa isa, std::vector<float>* values = nullptr) {
   Options f = o;
   f.algorithm = Algorithm::flash;
-  Problem fp = make_problem(c.fwd.out, &c.fwd.lse, c.fwd.q, c.fwd.k, c.fwd.v, f);
-  fp.window_left = window_left;
-  fp.window_right = window_right;
-  flash_attention(fp, isa);
-  BackwardProblem bp = c.problem(o);
-  bp.fwd.window_left = window_left;
-  bp.fwd.window_right = window_right;
+  flash_attention(make_problem(c.fwd.out, &c.fwd.lse, c.fwd.q, c.fwd.k, c.fwd.v, f), isa);
+  const BackwardProblem bp = c.problem(o);
   flash_backward(bp, isa);
   if (values) *values = gradient_values(bp);
   return check_backward_against_reference(bp, reference_attention_backward(bp));
@@ -158,7 +152,9 @@ TEST_P(FlashBackward, WindowsMatchReference) {
     Options o;
     o.causal = w.causal;
     o.block_kv = 32;
-    const ErrorReport r = run_and_check(c, o, isa(), w.left, w.right);
+    o.window_left = w.left;
+    o.window_right = w.right;
+    const ErrorReport r = run_and_check(c, o, isa());
     EXPECT_TRUE(r.ok) << "window (" << w.left << ", " << w.right << ")" << (w.causal ? " causal" : "") << ": "
                       << r.describe();
   }
@@ -178,7 +174,7 @@ TEST_P(FlashBackward, LayoutsAndThreadCountsKeepTheBits) {
         o.threads = threads;
         BackwardCase c(shape, DType::bf16, layout, 5);
         std::vector<float> values;
-        const ErrorReport r = run_and_check(c, o, isa(), -1, -1, &values);
+        const ErrorReport r = run_and_check(c, o, isa(), &values);
         EXPECT_TRUE(r.ok) << r.describe();
         if (base.empty())
           base = values;

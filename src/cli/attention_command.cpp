@@ -31,7 +31,7 @@ constexpr std::int64_t kMinInt64 = INT64_MIN;
 
 const std::vector<FlagSpec> kFlags = {
     {"q"},       {"k"},        {"v"},         {"out"},       {"lse"},      {"algo"},
-    {"causal", false},         {"causal-offset"},            {"scale"},    {"precision"},
+    {"causal", false},         {"causal-offset"},            {"window"},   {"scale"},    {"precision"},
     {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
     {"sinks"},
 };
@@ -51,8 +51,11 @@ std::string help_text() {
     "  --algo NAME          " + join_names(kAlgorithmNames, " | ", " | ") + " (default " +
     algorithm_name(Options{}.algorithm) + ")\n"
     "  --causal             causal mask: query t sees keys j <= t + offset\n"
-    "  --causal-offset N    the offset (needs --causal); default S - T (bottom-right aligned),\n"
-    "                       0 is top-left (PyTorch's is_causal)\n"
+    "  --causal-offset N    the offset (needs --causal or --window); default S - T (bottom-right\n"
+    "                       aligned), 0 is top-left (PyTorch's is_causal)\n"
+    "  --window L,R         sliding window (FlashAttention's window_size): query t sees keys\n"
+    "                       t + offset - L <= j <= t + offset + R, offset as for causal (default\n"
+    "                       S - T); -1 = unbounded on that side; with --causal, R is 0\n"
     "  --scale X            logit scale (default 1/sqrt(H))\n"
     "  --sinks FILE         attention sinks (gpt-oss): one logit per query head, [K,G] or [K*G]\n"
     "                       (" + join_names(kDTypeNames) + "); each row's softmax denominator gains\n"
@@ -65,7 +68,8 @@ std::string help_text() {
     "  --block-kv N         keys per KV block (default 0 = automatic; not for naive)\n"
     "  --repeat N           run once to warm up, then N timed runs; prints to stderr\n"
     "                       '<algo>: median <X> ms over <N> runs, <Y> GFLOP/s'\n"
-    "                       (FLOPs = 4*B*K*G*T*S*H, halved for causal; file I/O not timed)\n"
+    "                       (FLOPs = 4*B*K*G*H per (query, key) pair the mask lets through;\n"
+    "                       file I/O not timed)\n"
     "  --isa NAME           instruction-set path of the fast kernels: avx512bf16 | avx512f | avx2 |\n"
     "                       portable (default: the best this CPU supports, or $FLASHGQA_ISA)\n"
     "  --check              compare the output with the float64 reference; prints one line to\n"
@@ -127,8 +131,14 @@ Options parse_options(const Args& args) {
   if (auto name = args.optional("algo")) o.algorithm = parse_algorithm(*name, "--algo");
   if (auto name = args.optional("precision")) o.precision = parse_precision(*name, "--precision");
   o.causal = args.has("causal");
+  if (const auto window = args.optional("window")) {
+    const auto lr = parse_integer_list("--window", *window, 2, -1, kMaxInt64);
+    o.window_left = lr[0];
+    o.window_right = lr[1];
+  }
   if (args.has("causal-offset")) {
-    if (!o.causal) throw Error("--causal-offset needs --causal, expected both or neither");
+    if (!o.causal && !args.has("window"))
+      throw Error("--causal-offset needs --causal or --window (it places their diagonal), expected one of them");
     o.causal_offset = args.integer("causal-offset", 0, kMinInt64, kMaxInt64);
   }
   if (args.has("scale")) o.scale = args.real("scale", 0.0);

@@ -73,7 +73,7 @@ shape=1,2,3,37,53,64
 
 # --- help ---------------------------------------------------------------------------------------
 expect_ok "help" "${run[@]}" --help
-for flag in --q --k --v --out --lse --algo --causal --causal-offset --scale --precision --threads \
+for flag in --q --k --v --out --lse --algo --causal --causal-offset --window --scale --precision --threads \
   --block-q --block-kv --repeat --kv-heads --check --shape --dtype --seed --scale-inputs --dir; do
   if grep -qF -- "$flag" "$out"; then pass; else fail "flashgqa --help does not document $flag"; fi
 done
@@ -129,6 +129,9 @@ if cmp -s "$d/o_default.npy" "$d/o_flash.npy"; then pass; else fail "the default
 expect_check "causal" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --causal --check
 expect_check "causal offset" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --causal --causal-offset 5 --check
 expect_check "causal offset negative" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --causal --causal-offset -3 --check
+expect_check "window" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --window 5,3 --check
+expect_check "causal window" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --causal --window 9,-1 --check
+expect_check "window offset" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --window -1,4 --causal-offset 0 --algo naive --check
 expect_check "lse" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --lse "$d/lse.npy" --check
 expect_header "lse shape" "$d/lse.npy" "'shape': (1, 2, 3, 37)"
 expect_header "lse dtype" "$d/lse.npy" "'descr': '<f4'"
@@ -192,7 +195,9 @@ expect_error "bad scale" "not a number" "${run[@]}" attention "${all[@]}" --scal
 expect_error "infinite scale" "finite" "${run[@]}" attention "${all[@]}" --scale inf
 expect_error "unknown algo" "unknown algorithm 'fast'" "${run[@]}" attention "${all[@]}" --algo fast
 expect_error "unknown precision" "unknown precision" "${run[@]}" attention "${all[@]}" --precision f16
-expect_error "offset without causal" "--causal-offset needs --causal" "${run[@]}" attention "${all[@]}" --causal-offset 3
+expect_error "offset without causal" "--causal-offset needs --causal or --window" "${run[@]}" attention "${all[@]}" --causal-offset 3
+expect_error "window of one number" "--window" "${run[@]}" attention "${all[@]}" --window 5
+expect_error "window below -1" "--window" "${run[@]}" attention "${all[@]}" --window 5,-2
 expect_error "flag twice" "given twice" "${run[@]}" attention "${all[@]}" --algo naive --algo flash
 expect_error "stray argument" "unexpected argument" "${run[@]}" attention "${all[@]}" stray
 expect_error "naive blocks" "naive takes no blocks" "${run[@]}" attention "${all[@]}" --algo naive --block-q 4

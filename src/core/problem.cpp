@@ -8,6 +8,7 @@
 #include <limits>
 #include <utility>
 #include <string>
+#include <tuple>
 
 #include "core/backward_problem.hpp"
 #include "core/error_text.hpp"
@@ -151,6 +152,31 @@ void check_sinks(const float* sinks, std::int64_t K, std::int64_t G) {
            ") has sink " + std::to_string(sinks[h]) + ", expected a finite number or -inf (no sink)");
 }
 
+// Options::cu_seqlens_q/k: n + 1 non-decreasing offsets from 0 to T (to S), on a B = 1 problem.
+void check_sequences(const Options& o, std::int64_t B, std::int64_t T, std::int64_t S) {
+  const std::int64_t n = o.num_sequences;
+  if (n == 0 && o.cu_seqlens_q == nullptr && o.cu_seqlens_k == nullptr) return;
+  if (n < 1 || n > std::int64_t{1} << 31)
+    fail("num_sequences: " + std::to_string(n) + " with cu_seqlens given, expected 1 to 2^31 sequences");
+  if (o.cu_seqlens_q == nullptr || o.cu_seqlens_k == nullptr)
+    fail(std::string(o.cu_seqlens_q == nullptr ? "cu_seqlens_q" : "cu_seqlens_k") +
+         ": null, expected both cu_seqlens_q and cu_seqlens_k for packed sequences");
+  if (B != 1)
+    fail("q: B = " + std::to_string(B) + " with packed sequences (cu_seqlens), expected B = 1");
+  for (const auto& [cu, name, total, letter] :
+       {std::tuple{o.cu_seqlens_q, "cu_seqlens_q", T, "T"}, std::tuple{o.cu_seqlens_k, "cu_seqlens_k", S, "S"}}) {
+    if (cu[0] != 0) fail(std::string(name) + "[0] = " + std::to_string(cu[0]) + ", expected 0");
+    for (std::int64_t i = 0; i < n; ++i)
+      if (cu[i + 1] < cu[i])
+        fail(std::string(name) + "[" + std::to_string(i + 1) + "] = " + std::to_string(cu[i + 1]) + " < " +
+             name + "[" + std::to_string(i) + "] = " + std::to_string(cu[i]) +
+             ", expected non-decreasing offsets");
+    if (cu[n] != total)
+      fail(std::string(name) + "[" + std::to_string(n) + "] = " + std::to_string(cu[n]) + ", expected " +
+           letter + " = " + std::to_string(total) + " (the packed length)");
+  }
+}
+
 }  // namespace
 
 int resolve_threads(int requested) {
@@ -194,6 +220,10 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
   check_blocks(options.algorithm, options.block_q, options.block_kv);
   resolve_threads(options.threads);
   check_sinks(options.sinks, K, G);
+  if (options.window_left < -1 || options.window_right < -1)
+    fail("window: (" + std::to_string(options.window_left) + ", " + std::to_string(options.window_right) +
+         "), expected each side >= 0, or -1 for unbounded");
+  check_sequences(options, q.shape[0], q.shape[3], k.shape[2]);
 }
 
 Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
@@ -252,10 +282,14 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
 
   p.scale = static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(p.H))));
   p.causal = options.causal;
-  // Query t sees keys j <= t + offset; clamping to [-(T+1), S] changes no mask and keeps t + offset + 1
-  // from overflowing.
-  const std::int64_t offset = options.causal_offset.value_or(p.S - p.T);
-  p.causal_offset = std::clamp<std::int64_t>(offset, -(p.T + 1), p.S);
+  p.causal_offset = options.causal_offset.value_or(p.S - p.T);
+  p.window_left = options.window_left;
+  p.window_right = options.window_right;
+  for (std::int64_t i = 0; i < options.num_sequences; ++i) {
+    const std::int64_t q0 = options.cu_seqlens_q[i], q1 = options.cu_seqlens_q[i + 1];
+    const std::int64_t k0 = options.cu_seqlens_k[i], k1 = options.cu_seqlens_k[i + 1];
+    if (q1 > q0) p.sequences.push_back({q0, q1, k0, k1, options.causal_offset.value_or((k1 - k0) - (q1 - q0))});
+  }
   p.precision = options.precision;
   p.block_q = options.block_q;
   p.block_kv = options.block_kv;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "flashgqa/flashgqa.hpp"
 
@@ -45,11 +46,21 @@ struct Problem {
 
   float scale = 1.0f;
   bool causal = false;
-  std::int64_t causal_offset = 0;  // query t sees key j iff j <= t + causal_offset (when causal)
+  // Query t sees key j iff j <= t + causal_offset (when causal). Any int64: visible_keys never overflows.
+  std::int64_t causal_offset = 0;
   // A sliding window (FlashAttention's window_size; -1 = unbounded on that side): query t sees key j iff
   // t + causal_offset - window_left <= j <= t + causal_offset + window_right; causal sets the right side
-  // to 0. Built by tests only so far (Options has no window yet); the offsets must keep t +- them in range.
+  // to 0.
   std::int64_t window_left = -1, window_right = -1;
+  // Packed sequences (Options::cu_seqlens_q/k, B = 1): empty for one plain sequence. Otherwise query t
+  // of the sequence whose [q_begin, q_end) holds it sees only that sequence's keys [k_begin, k_end),
+  // with the mask above applied to its positions within the sequence and the sequence's own offset
+  // (Options::causal_offset, or its S_i - T_i by default). Sequences without queries are left out;
+  // q_begin and k_begin never decrease.
+  struct Sequence {
+    std::int64_t q_begin = 0, q_end = 0, k_begin = 0, k_end = 0, offset = 0;
+  };
+  std::vector<Sequence> sequences;
   Precision precision = Precision::bf16;
   std::int64_t block_q = 0;   // 0 = automatic
   std::int64_t block_kv = 0;  // 0 = automatic
@@ -92,12 +103,28 @@ struct Problem {
   }
 
   // The keys query t may see, [begin, end) within [0, S). begin and end never decrease as t grows:
-  // every mask is built that way (causal fills end, a window would fill begin too), and tile and block
-  // skipping rely on it (the first query of a block sees the first keys, the last one the last keys).
+  // every mask is built that way (causal fills end, a window fills begin too; packed sequences come
+  // in key order), and tile and block skipping rely on it (the first query of a block sees the first
+  // keys, the last one the last keys).
   KeyRange visible_keys(std::int64_t t) const {
+    if (sequences.empty()) return keys_within(t, causal_offset, S);
+    const Sequence& s = sequence_of(t);
+    const KeyRange r = keys_within(t - s.q_begin, s.offset, s.k_end - s.k_begin);
+    return {r.begin + s.k_begin, r.end + s.k_begin};
+  }
+  // The sequence holding query t (sequences not empty, 0 <= t < T).
+  const Sequence& sequence_of(std::int64_t t) const {
+    const auto after = std::upper_bound(sequences.begin(), sequences.end(), t,
+                                        [](std::int64_t x, const Sequence& s) { return x < s.q_begin; });
+    return *(after - 1);
+  }
+  // The mask's keys for position t with `offset` among n keys, in [0, n). Computed in 128 bits, so no
+  // offset or window, however large, overflows.
+  KeyRange keys_within(std::int64_t t, std::int64_t offset, std::int64_t n) const {
     const std::int64_t right = causal ? 0 : window_right;
-    return {window_left < 0 ? 0 : std::clamp<std::int64_t>(t + causal_offset - window_left, 0, S),
-            right < 0 ? S : std::clamp<std::int64_t>(t + causal_offset + right + 1, 0, S)};
+    const __int128 at = static_cast<__int128>(t) + offset;
+    auto clamp = [n](__int128 x) { return static_cast<std::int64_t>(x < 0 ? 0 : x > n ? n : x); };
+    return {window_left < 0 ? 0 : clamp(at - window_left), right < 0 ? n : clamp(at + right + 1)};
   }
   // The keys some query in [t0, t1) may see (t0 < t1): from the first query's begin to the last one's end.
   KeyRange visible_keys(std::int64_t t0, std::int64_t t1) const {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <vector>
 
@@ -59,6 +61,37 @@ TEST(Problem, DefaultsResolve) {
   EXPECT_EQ(p.visible_pairs(), 3 + 4 + 5 + 6 + 7);
   EXPECT_GE(p.threads, 1);
   EXPECT_EQ(p.precision, Precision::bf16);
+}
+
+// Windows and offsets of any int64 size give the mask their formula defines (no overflow, no clamping
+// that moves one side of the window): query t sees t + offset - left <= j <= t + offset + right.
+TEST(Problem, ExtremeOffsetsAndWindowsKeepTheirMeaning) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max(), kMin = std::numeric_limits<std::int64_t>::min();
+  Views w(1, 1, 1, 6, 9, 8);
+  struct Case {
+    bool causal;
+    std::int64_t offset, left, right;
+  };
+  for (const Case& c : {Case{true, kMin, -1, -1}, Case{true, kMax, -1, -1}, Case{false, -7 - 10, -1, 5},
+                        Case{false, kMax, kMax - 2, -1}, Case{false, kMin, -1, kMax}, Case{true, kMax, kMax, -1},
+                        Case{false, 3, kMax, kMax}, Case{true, -7, 3, 100}}) {
+    Options o;
+    o.causal = c.causal;
+    o.causal_offset = c.offset;
+    o.window_left = c.left;
+    o.window_right = c.right;
+    const Problem p = make_problem(w.ov, nullptr, w.qv, w.kv, w.vv, o);
+    for (std::int64_t t = 0; t < p.T; ++t) {
+      const KeyRange r = p.visible_keys(t);
+      for (std::int64_t j = 0; j < p.S; ++j) {
+        const __int128 at = static_cast<__int128>(t) + c.offset;
+        const std::int64_t right = c.causal ? 0 : c.right;
+        const bool seen = (c.left < 0 || j >= at - c.left) && (right < 0 || j <= at + right);
+        EXPECT_EQ(seen, j >= r.begin && j < r.end)
+            << "offset " << c.offset << " window (" << c.left << ", " << c.right << ") t " << t << " j " << j;
+      }
+    }
+  }
 }
 
 TEST(Problem, ShapeDisagreements) {

@@ -49,7 +49,7 @@ inline void expect_same_bits_for_thread_counts(const Shape& shape, Options o, Is
   EXPECT_TRUE(bitwise_equal(results[0], results[2])) << to_string(shape);
 }
 
-// Sliding windows (Problem::window_left, window_right; -1 unbounded) that cut blocks at both ends, with
+// Sliding windows (Options::window_left, window_right; -1 unbounded) that cut blocks at both ends, with
 // and without causal, at several offsets: the key-range masks' lower side in every path.
 struct WindowCase {
   std::int64_t left, right;
@@ -66,9 +66,9 @@ inline ErrorReport run_flash_window_and_check(AttentionCase& c, Options o, const
                                               std::vector<float>* values = nullptr) {
   o.causal = w.causal;
   o.causal_offset = w.offset;
-  Problem p = flash_problem(c, o);
-  p.window_left = w.left;
-  p.window_right = w.right;
+  o.window_left = w.left;
+  o.window_right = w.right;
+  const Problem p = flash_problem(c, o);
   flash_attention(p, isa);
   if (values) *values = c.out_and_lse_values();
   return check_against_reference(p, reference_attention(p));

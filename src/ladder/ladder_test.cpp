@@ -136,8 +136,7 @@ TEST_P(Ladder, CausalAtSeveralOffsets) {
       }
 }
 
-// Sliding windows (Problem::window_left/right, set on the Problem: Options has no window yet): every
-// rung masks both sides of each query's key range.
+// Sliding windows (Options::window_left/right): every rung masks both sides of each query's key range.
 TEST_P(Ladder, WindowsMatchReference) {
   int seed = 600;
   struct Window {
@@ -151,12 +150,10 @@ TEST_P(Ladder, WindowsMatchReference) {
       o.causal = w.causal;
       o.block_q = takes_block_q() ? 8 : 0;
       o.block_kv = takes_block_kv() ? 16 : 0;
+      o.window_left = w.left;
+      o.window_right = w.right;
       AttentionCase c = make_case(shape, DType::f32, DType::bf16, Layout::contiguous, ++seed);
-      Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
-      p.window_left = w.left;
-      p.window_right = w.right;
-      run_algorithm(p, GetParam());
-      const ErrorReport r = check_against_reference(p, reference_attention(p), key_sums(p, GetParam()));
+      const ErrorReport r = run_and_check(c, o);
       EXPECT_TRUE(r.ok) << testing::to_string(shape) << " window (" << w.left << ", " << w.right << ")"
                         << (w.causal ? " causal: " : ": ") << r.describe();
     }

@@ -47,7 +47,7 @@ std::vector<std::byte> random_buffer(std::int64_t n, DType dtype, std::uint64_t 
 }
 
 // Runs the forward (the public attention, so out and lse are what a user would pass) unless
-// `run_forward` is false (a window, which Options cannot express yet: set it on p.fwd afterwards).
+// `run_forward` is false.
 BackwardCase make_backward_case(const Shape& s, DType dtype, DType grad_dtype, const Options& o,
                                 std::uint64_t seed, bool run_forward = true, std::int64_t pad = 0) {
   BackwardCase bc;
@@ -154,9 +154,9 @@ TEST(ReferenceBackward, MatchesFiniteDifferencesOfTheForwardReference) {
     o.precision = Precision::f32;
     o.causal = fc.causal;
     o.causal_offset = fc.offset;
+    o.window_left = fc.window_left;
+    o.window_right = fc.window_right;
     BackwardCase bc = make_backward_case(fc.shape, DType::f32, DType::f32, o, ++seed, false);
-    bc.p.fwd.window_left = fc.window_left;
-    bc.p.fwd.window_right = fc.window_right;
     const ReferenceGradients ref = reference_attention_backward(bc.p);
     const std::string what = testing::to_string(fc.shape) + (fc.causal ? " causal" : "") + " window (" +
                              std::to_string(fc.window_left) + ", " + std::to_string(fc.window_right) + ")";

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "core/dtype.hpp"
+#include "core/problem.hpp"
+#include "study/roofline.hpp"
 
 namespace flashgqa::study {
 namespace {
@@ -35,6 +37,15 @@ void BenchInputs::run(const Options& options) {
             contiguous_view(q_.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H}),
             contiguous_view(k_.data(), DType::bf16, {s.B, s.K, s.S, s.H}),
             contiguous_view(v_.data(), DType::bf16, {s.B, s.K, s.S, s.H}), options);
+}
+
+double BenchInputs::flops(const Options& options) {
+  const Shape& s = shape_;
+  const Problem p = make_problem(contiguous_view(out_.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H}), nullptr,
+                                 contiguous_view(q_.data(), DType::bf16, {s.B, s.K, s.G, s.T, s.H}),
+                                 contiguous_view(k_.data(), DType::bf16, {s.B, s.K, s.S, s.H}),
+                                 contiguous_view(v_.data(), DType::bf16, {s.B, s.K, s.S, s.H}), options);
+  return attention_flops(p);
 }
 
 void BenchInputs::run_backward(const Options& options) {

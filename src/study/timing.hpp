@@ -23,6 +23,9 @@ class BenchInputs {
   const Shape& shape() const { return shape_; }
   // Runs attention once with `options`.
   void run(const Options& options);
+  // The forward's FLOP under `options`: 4 H per (query, key) pair its mask lets through (causal,
+  // window, packed sequences), over B K G.
+  double flops(const Options& options);
   // The forward with lse (once, on the first call, to have out and lse), then attention_backward
   // once with a random dout; `options` as the forward's (with Options::sinks, dsinks too).
   void run_backward(const Options& options);
