@@ -3,7 +3,8 @@
 // (reference/tolerance.hpp, w_sink): awkward shapes (T != S, blocks that divide nothing, G = 1, H = 64 to
 // 256, B K above the thread count), causal offsets whose first rows see no key (out 0, lse = the sink),
 // KV splits (long S, few q blocks; the decode path too), sinks far above the logits, -inf sinks (the
-// bits of no sink), bit identity across thread counts; and the backward with the sinks' gradient
+// bits of no sink), bit identity across thread counts, sliding windows and packed sequences; and the
+// backward with the sinks' gradient
 // (dq, dk, dv, dsinks against the float64 reference, dsinks against finite differences of the
 // reference forward), and the argument checks.
 #include <gtest/gtest.h>
@@ -295,6 +296,56 @@ TEST_P(Sinks, BackwardKeepsBitsAcrossThreadCounts) {
   }
   EXPECT_TRUE(bitwise_equal(results[0], results[1]));
   EXPECT_TRUE(bitwise_equal(results[0], results[2]));
+}
+
+// Sinks with the other variants of issue #11 on the flash path: sliding windows and packed sequences
+// (an empty sequence of queries, one without keys: its rows give the sink), forward and backward.
+TEST_P(Sinks, ComposeWithWindowsAndPackedSequences) {
+  int seed = 400;
+  const Shape shape{1, 2, 3, 45, 77, 64};
+  for (const testing::WindowCase& w : testing::kWindowCases) {
+    AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+    const std::vector<float> sinks = make_sinks(shape, seed);
+    Options o;
+    o.sinks = sinks.data();
+    o.block_kv = 32;
+    const ErrorReport r = testing::run_flash_window_and_check(c, o, w, isa());
+    EXPECT_TRUE(r.ok) << testing::to_string(w) << ": " << r.describe();
+  }
+  const std::vector<std::int32_t> cu_q = {0, 0, 13, 20, 49}, cu_k = {0, 5, 18, 18, 58};
+  const Shape packed{1, 2, 2, 49, 58, 64};
+  for (bool causal : {false, true}) {
+    Options o;
+    o.cu_seqlens_q = cu_q.data();
+    o.cu_seqlens_k = cu_k.data();
+    o.num_sequences = 4;
+    o.causal = causal;
+    o.window_left = causal ? 9 : -1;
+    AttentionCase c = make_case(packed, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+    const std::vector<float> sinks = make_sinks(packed, seed);
+    o.sinks = sinks.data();
+    const Problem p = testing::flash_problem(c, o);
+    flash_attention(p, isa());
+    const ErrorReport r = check_against_reference(p, reference_attention(p), flash_key_sums(p, isa()));
+    EXPECT_TRUE(r.ok) << "packed, causal " << causal << ": " << r.describe();
+    expect_empty_rows_give_the_sink(c, p);
+    BackwardRun b(packed, DType::bf16, ++seed);
+    const BackwardProblem bp = b.run(o, isa());
+    const ErrorReport rb = check_backward_against_reference(bp, reference_attention_backward(bp));
+    EXPECT_TRUE(rb.ok) << "packed backward, causal " << causal << ": " << rb.describe();
+  }
+  for (const testing::WindowCase& w : {testing::kWindowCases[1], testing::kWindowCases[5]}) {
+    BackwardRun b(shape, DType::f32, ++seed);
+    Options o;
+    o.precision = Precision::f32;
+    o.causal = w.causal;
+    o.causal_offset = w.offset;
+    o.window_left = w.left;
+    o.window_right = w.right;
+    const BackwardProblem bp = b.run(o, isa());
+    const ErrorReport rb = check_backward_against_reference(bp, reference_attention_backward(bp));
+    EXPECT_TRUE(rb.ok) << "backward " << testing::to_string(w) << ": " << rb.describe();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Sinks, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
