@@ -33,8 +33,9 @@ Softmax attention, per query row, with A = max_j |scale| sum_h |q_h k_jh| over t
                                                           + 2 u32 (|lse_ref| + 1)
 Sinks (gpt-oss; src/reference/tolerance.hpp): the denominator gains the exact e^sink with no value,
   p_j are over that larger denominator, and each side's w_rel and the lse bound gain
-  w_sink = eps_exp + u32 (A + |sink| + 3) for a finite sink (0 for -inf): the row end's one
-  rescale factor, whose exponent m - sink is rounded, and its products and sum.
+  w_sink = eps_exp + u32 (2 A + 3 ln(S + 1) + |sink| + 3) for a finite sink (0 for -inf): the row
+  end's one rescale factor, whose exponent m - sink is rounded (m the row max, or the naive rung's
+  lse of the keys), and its products and sum.
 Linear attention (weights w_j = scale q.k_j, a_j = |scale| sum_h |q_h k_jh|), per side:
   e_i = (gamma(H) + 2 u32)(1 + u_p_i) sum_j a_j |v_jh| + (u_p_i + gamma(S)) sum_j |w_j v_jh|
   (the logit error, carried through the rounding to u_p; the rounding itself; the fp32 P.V sum);
@@ -121,7 +122,8 @@ class Reference:
     def sink_error(self):
         """w_sink per row [B,K,G,T,1]: 0 where the sink is -inf (none)."""
         finite = np.isfinite(self.sink)
-        return np.where(finite, EPS_EXP + U32 * (self.A + np.where(finite, np.abs(self.sink), 0) + 3), 0.0)
+        sink = np.where(finite, np.abs(self.sink), 0)
+        return np.where(finite, EPS_EXP + U32 * (2 * self.A + 3 * math.log(self.S + 1) + sink + 3), 0.0)
 
     def softmax_bounds(self, sides, u_out):
         """(max bound per element, mean bound) for sides = [(u_p, corrections), ...]."""

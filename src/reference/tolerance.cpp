@@ -46,9 +46,10 @@ double forward_logit_error(const Problem& p, double abs_logit, const Underflow& 
   return (fp32_gamma(p.H) + 4 * kU32) * abs_logit + z.logit;
 }
 
-double forward_sink_error(double abs_logit, double sink) {
+double forward_sink_error(const Problem& p, double abs_logit, double sink) {
   if (std::isinf(sink) && sink < 0) return 0.0;  // no sink: the row's end is the plain one
-  return kExpRelError + kU32 * (abs_logit + std::fabs(sink) + 3);
+  const double log_s = std::log(static_cast<double>(p.S) + 1);
+  return kExpRelError + kU32 * (2 * abs_logit + 3 * log_s + std::fabs(sink) + 3);
 }
 
 double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, double sink,
@@ -56,13 +57,13 @@ double forward_weight_rel_error(const Problem& p, const KeySums& sums, double ab
   const double rescales = 2.0 * static_cast<double>(sums.rescales) * (kExpRelError + kU32);
   return std::expm1(2 * forward_logit_error(p, abs_logit, z)) + 2 * kExpRelError +
          operand_roundoff(p.precision) + 2 * fp32_gamma(sums.depth) + 2 * kU32 + rescales +
-         forward_sink_error(abs_logit, sink);
+         forward_sink_error(p, abs_logit, sink);
 }
 
 double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double lse_ref,
                          const Underflow& z) {
   return forward_logit_error(p, abs_logit, z) + 2 * kExpRelError + 2 * fp32_gamma(sums.depth) +
-         2 * kU32 * (std::fabs(lse_ref) + 1) + z.lse + forward_sink_error(abs_logit, sink);
+         2 * kU32 * (std::fabs(lse_ref) + 1) + z.lse + forward_sink_error(p, abs_logit, sink);
 }
 
 double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double abs_pv,

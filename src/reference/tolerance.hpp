@@ -56,10 +56,13 @@
 // value. The weights keep their errors and the sink's term has none of its own (the row's computed max
 // m cancels: acc and l are both in units of e^m), so the weighted mean keeps the bound above with p_j
 // now over the larger denominator. The row's end adds: one factor e^(m - m') or e^(sink - m') (the
-// other is e^0 = 1 exactly; m' = max(m, sink)), whose exponent is a difference rounded to u32 |m - sink|
-// <= u32 (A + |sink|) (|m| <= A) and whose exp has eps_exp; the out's sensitivity to it is at most 1.
-// Then the products l f and acc f and the sum l f + e^(sink - m'): u32 each. So, for a finite sink,
-//                         w_sink = eps_exp + u32 (A + |sink| + 3)
+// other is e^0 = 1 exactly; m' = max(m, sink)), whose exp has eps_exp and whose exponent is rounded:
+// m is the running max (|m| <= A), or, from the naive rung, the keys' lse base + ln l in fp32 (|m| <=
+// A + ln S; ln l and the sum rounded, u32 ln S and u32 |m|; its O was divided by that same computed l,
+// so l's own error cancels), and m - sink is rounded, u32 (A + ln S + |sink|). The out's sensitivity
+// to the factor is at most 1. Then the products l f and acc f and the sum l f + e^(sink - m'): u32
+// each. So, for a finite sink (one formula for every rung: the naive rung's is the largest),
+//                         w_sink = eps_exp + u32 (2 A + 3 ln(S + 1) + |sink| + 3)
 // joins w_rel (it multiplies |o| <= sum_j p_j |v_jh|) and the lse bound (a relative error of l' is an
 // absolute error of log l'); 0 for a -inf sink (f = 1, e^-inf = 0 exactly: the bits of no sink). A
 // factor below tiny has an absolute error below tiny: acc f / l' moves by at most tiny S M_v (acc <= S
@@ -110,7 +113,7 @@ Underflow forward_underflow(const Problem& p, double max_q, double max_k, double
 // Softmax attention, one row with A = abs_logit (ReferenceResult::abs_logit) and sink logit `sink`
 // (Problem::sink: -inf without sinks), summed as `sums` says:
 double forward_logit_error(const Problem& p, double abs_logit, const Underflow& z);  // delta
-double forward_sink_error(double abs_logit, double sink);                            // w_sink
+double forward_sink_error(const Problem& p, double abs_logit, double sink);          // w_sink
 double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, double sink,
                                 const Underflow& z);  // w_rel (with w_sink)
 // |lse - lse_ref| for a finite lse_ref.
