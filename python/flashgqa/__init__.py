@@ -152,19 +152,27 @@ def _import_qkv(q, k, v):
     return qi, ki, vi
 
 
-def _offsets(x, name):
-    """cu_seqlens_*: None, or n + 1 integer offsets (any array kind or a list) as contiguous int32."""
-    if x is None:
-        return None
+def _host_array(x, name, expected):
+    """A small argument (offsets, sinks) of any array kind or a list as a numpy array: torch tensors
+    on the CPU only, detached (bfloat16 ones as float32, which numpy lacks)."""
     torch = _module_of(x, "torch")
     if torch is not None:
         if x.device.type != "cpu":
             raise ValueError(f"{name}: torch tensor on device {x.device}, expected a CPU tensor")
         x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
     try:
-        a = np.asarray(x)
+        return np.asarray(x)
     except Exception as e:
-        raise TypeError(f"{name}: got {type(x).__name__} ({e}), expected a 1-D array of ints") from None
+        raise TypeError(f"{name}: got {type(x).__name__} ({e}), expected {expected}") from None
+
+
+def _offsets(x, name):
+    """cu_seqlens_*: None, or n + 1 integer offsets (any array kind or a list) as contiguous int32."""
+    if x is None:
+        return None
+    a = _host_array(x, name, "a 1-D array of ints")
     if a.ndim != 1 or a.dtype.kind not in "iu":
         raise TypeError(f"{name}: {a.ndim}-D array of {a.dtype}, expected a 1-D array of ints "
                         "(n + 1 offsets)")
@@ -223,20 +231,9 @@ def _import_sinks(sinks, qi, ki):
     (K*G numbers): its dtype is converted."""
     if sinks is None:
         return None
-    torch = _module_of(sinks, "torch")
-    if torch is not None:
-        if sinks.device.type != "cpu":
-            raise ValueError(f"sinks: torch tensor on device {sinks.device}, expected a CPU tensor")
-        if not sinks.is_floating_point():
-            raise TypeError(f"sinks: dtype {sinks.dtype}, expected a floating-point dtype")
-        array = sinks.detach().to(torch.float32).numpy()
-    else:
-        try:
-            array = np.asarray(sinks)
-        except Exception as e:
-            raise TypeError(f"sinks: got {type(sinks).__name__}, expected a float array ({e})") from None
-        if array.dtype.kind != "f" and array.dtype.name != "bfloat16":
-            raise TypeError(f"sinks: dtype {array.dtype}, expected a floating-point dtype")
+    array = _host_array(sinks, "sinks", "a float array of shape [K, G] or [Hq]")
+    if array.dtype.kind != "f" and array.dtype.name != "bfloat16":
+        raise TypeError(f"sinks: dtype {array.dtype}, expected a floating-point dtype")
     heads = _sinks_heads(qi, ki)
     if heads is not None:
         K, G = heads
