@@ -40,7 +40,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // --- End to end -------------------------------------------------------------------------------------
 
 // `calls` calls on separate B = 1 problems of `shape` per iteration (the baseline of packed sequences),
-// or one call.
+// or one call. A softcap's FLOP count as without: the cap's tanh is overhead, as the softmax's exp.
 void attention_bench(benchmark::State& state, study::Shape shape, Options o, int threads, int calls = 1) {
   study::BenchInputs inputs(shape, 1);
   o.threads = threads;
@@ -184,6 +184,12 @@ void register_end_to_end() {
   for (int threads : {1, 2})
     register_attention("flash/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
                        {1, 8, 4, 1, 32768, 128}, causal_options(false), threads);
+  // Gemma 2's logit softcap (50): the target is >= 65% of the peak at 2 threads.
+  Options softcap = causal_options(false);
+  softcap.softcap = 50.0;
+  for (int threads : {1, 2})
+    register_attention("flash/softcap/noncausal/T=S=4096/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 4096, 4096, 128}, softcap, threads);
   // Attention sinks: the same shapes with one sink logit per head (compare with the rows above).
   Options sinks;
   sinks.sinks = bench_sinks();
@@ -226,6 +232,9 @@ struct KernelBench {
       k.qk_tile({s.as<float>() + c, npad, q.as<char>() + r0 * Hp * ob, Hp, kp.as<char>() + c * Hp * ob, Hp,
                  1.0f, k.mr});
   }
+  void cap() {  // the logit softcap (Gemma 2's c = 50) over the tile's S rows
+    for (int i = 0; i < k.mr; ++i) k.softcap_n(s.as<float>() + i * npad, npad, 50.0f);
+  }
   bool softmax(std::int64_t r0) {
     return k.softmax_tile({s.as<float>(), npad, p.data(), npad, m.as<float>() + r0, l.as<float>() + r0,
                            corr.as<float>(), nullptr, nullptr, npad, k.mr, true});
@@ -237,6 +246,8 @@ struct KernelBench {
   }
 };
 
+// part: 0 qk_tile, 1 softmax_tile, 2 pv_tile, 3 the block (all three), 4 softcap_n, 5 the block with
+// the softcap.
 void kernel_bench(benchmark::State& state, int part) {
   KernelBench kb(kernels_for(active_isa(), Precision::bf16), 128, 256, 240);
   const double peak = bench::bf16_peak_flops(1);
@@ -244,19 +255,21 @@ void kernel_bench(benchmark::State& state, int part) {
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     for (std::int64_t r0 = 0; r0 < kb.M; r0 += kb.k.mr) {
-      if (part == 0 || part == 3) kb.qk(r0);
+      const bool block = part == 3 || part == 5;
+      if (part == 0 || block) kb.qk(r0);
+      if (part == 4 || part == 5) kb.cap();
       bool moved = false;
-      if (part == 1 || part == 3) moved = kb.softmax(r0);
-      if (part == 2 || part == 3) kb.pv(r0, moved);
+      if (part == 1 || block) moved = kb.softmax(r0);
+      if (part == 2 || block) kb.pv(r0, moved);
     }
     seconds += seconds_since(t0);
   }
   const double per_call = seconds / static_cast<double>(state.iterations());
   const double logits = static_cast<double>(kb.M * kb.npad);
-  const double flops = (part == 3 ? 4.0 : 2.0) * logits * static_cast<double>(kb.Hp);
-  if (part == 1) {
+  const double flops = (part == 3 || part == 5 ? 4.0 : 2.0) * logits * static_cast<double>(kb.Hp);
+  if (part == 1 || part == 4) {
     state.counters["ns/logit"] = per_call / logits * 1e9;
-    // The softmax's time as a share of the matmul time of the same logits at the peak (H = 128).
+    // The softmax's (softcap's) time as a share of the matmul time of the same logits at the peak (H = 128).
     state.counters["pct_of_matmul_at_peak"] = 100.0 * per_call / (logits * 4.0 * 128 / peak);
   } else {
     state.counters["GFLOP/s"] = flops / per_call / 1e9;
@@ -267,8 +280,9 @@ void kernel_bench(benchmark::State& state, int part) {
 
 void register_kernels() {
   const char* names[] = {"kernel/qk_tile/M=240/npad=256/H=128", "kernel/softmax_tile/M=240/npad=256",
-                         "kernel/pv_tile/M=240/npad=256/H=128", "kernel/block/M=240/npad=256/H=128"};
-  for (int part = 0; part < 4; ++part)
+                         "kernel/pv_tile/M=240/npad=256/H=128", "kernel/block/M=240/npad=256/H=128",
+                         "kernel/softcap_n/M=240/npad=256", "kernel/block_softcap/M=240/npad=256/H=128"};
+  for (int part = 0; part < 6; ++part)
     benchmark::RegisterBenchmark(names[part], kernel_bench, part)->MinTime(0.2)->UseRealTime();
 }
 

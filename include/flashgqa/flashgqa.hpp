@@ -175,6 +175,12 @@ struct Options {
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t num_sequences = 0;
   Precision precision = Precision::bf16;
+  // Logit softcap (Gemma 2): 0 = off; else c, finite and > 0, and every logit s = scale q.k becomes
+  // c tanh(s / c), in (-c, c), before the softmax (masked keys stay masked). A NaN logit stays NaN;
+  // an infinite one becomes +-c. The kernels' tanh is within kTanhMaxRelError (2^-21) of the exact
+  // one (kernels/microkernels.hpp). The backward multiplies dS by the cap's derivative 1 - tanh^2(s/c).
+  // Every algorithm takes it; linear_attention rejects it (it has no softmax).
+  double softcap = 0.0;
   // Rows of q per block and keys per KV block; 0 = chosen automatically, from the shape, the
   // instruction set and a fixed, nominal cache model (48 KiB L1d, 1 MiB L2 per core), never from the
   // caches of the machine at hand: block sizes change the rounding. Blocks measured for a machine
@@ -210,8 +216,9 @@ void attention(const TensorView& out, const TensorView& lse, const TensorView& q
 //   dq = dL/dq  [B,K,G,T,H] (like q),   dk = dL/dk, dv = dL/dv  [B,K,S,H] (like k; summed over the G
 //   query heads of each kv head).
 // P is recomputed from q, k and lse; D = rowsum(dout * out). Options: scale, causal and its offset,
-// precision, block_q / block_kv (the backward's q and KV blocks; 0 = automatic), threads; algorithm is
-// ignored. Under Precision::bf16 the matmul operands are rounded to bfloat16: q, k, v and dout as read,
+// softcap (then dS = P (dP - D) (1 - tanh^2(s / c))), precision, block_q / block_kv (the backward's q
+// and KV blocks; 0 = automatic), threads; algorithm is ignored. Under Precision::bf16 the matmul
+// operands are rounded to bfloat16: q, k, v and dout as read,
 // the weights P before dv = P^T dout, and dS = P (dP - D) before dq = scale dS k and dk = scale dS^T q;
 // every accumulation, D included, is fp32. Any dtype (f32, bf16, f16) and strides with H contiguous.
 // A row that saw no key (lse = -inf) gets zero gradients; T = 0 or S = 0 gives zero dk, dv (and dq).

@@ -260,7 +260,7 @@ def _like_sinks(sinks, values):
 
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seqlens_q=None,
               cu_seqlens_k=None, scale=None, precision="bf16", algo="flash", return_lse=False,
-              block_q=None, block_kv=None, threads=None, out=None, sinks=None):
+              block_q=None, block_kv=None, threads=None, out=None, softcap=None, sinks=None):
     """Exact softmax attention, grouped-query: each kv head serves G query heads.
 
     Args:
@@ -293,6 +293,9 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
       block_q, block_kv: rows of q per block and keys per KV block; None chooses.
       threads: worker threads; None uses all cores.
       out: optional writable array of q's shape (float32, float16 or bfloat16) to write into.
+      softcap: logit softcap c (Gemma 2): each logit ``s = scale * q . k`` becomes
+        ``c * tanh(s / c)`` before the softmax; None or 0 is off, else a finite c > 0. The lse is
+        that of the capped logits.
       sinks: attention sinks (gpt-oss): one learned logit per query head, shape ``[K, G]`` or
         ``[Hq]`` (query head ``h = k*G + g``), any float dtype and array kind (converted to
         float32). Each row's softmax denominator gains ``exp(sink)`` with no value attached, and
@@ -314,7 +317,7 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
         causal_offset=causal_offset, window=window,
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision, algo=algo,
-        block_q=block_q, block_kv=block_kv, threads=threads,
+        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap,
         sinks=_import_sinks(sinks, qi, ki))
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result
@@ -343,7 +346,7 @@ def _import_like_q(qi, obj, name, dtypes=None):
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, window=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, scale=None, precision="bf16",
-                       block_q=None, block_kv=None, threads=None, sinks=None):
+                       block_q=None, block_kv=None, threads=None, softcap=None, sinks=None):
     """The gradients of :func:`attention`: ``(dq, dk, dv)`` of a loss L from ``dout = dL/dout``.
 
     FlashAttention-2's backward: the softmax weights P are recomputed from q, k and the forward's
@@ -359,8 +362,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
         ``attention(q, k, v, return_lse=True, ...)`` returned them with the same causal,
         causal_offset, scale and precision: out of q's shape, lse ``[B, K, G, T]`` (5-D q) or
         ``[B, Hq, T]`` (4-D q); both of q's kind.
-      causal, causal_offset, window, cu_seqlens_q, cu_seqlens_k, scale: as for
-        :func:`attention` (the forward's values).
+      causal, causal_offset, window, cu_seqlens_q, cu_seqlens_k, scale, softcap: as for
+        :func:`attention` (the forward's values). With a softcap c, ``dS`` is also multiplied by
+        the cap's derivative ``1 - tanh^2(s / c)``.
       precision: ``"bf16"``: q, k, v and dout enter the matmuls rounded to bfloat16, and so do the
         weights P before ``dv = P^T dout`` and ``dS`` before ``dq`` and ``dk``; every
         accumulation (``D`` too) is float32. ``"f32"``: all operands stay float32.
@@ -388,7 +392,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
         causal=bool(causal), causal_offset=causal_offset, window=window,
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision,
-        block_q=block_q, block_kv=block_kv, threads=threads, sinks=sinks_arg, dsinks=dsinks)
+        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap, sinks=sinks_arg,
+        dsinks=dsinks)
     grads = _finish(qi, dq), _finish(ki, dk), _finish(ki, dv)
     return grads if sinks is None else grads + (_like_sinks(sinks, dsinks),)
 

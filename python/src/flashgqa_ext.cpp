@@ -502,11 +502,13 @@ void run_interruptible(flashgqa::Options options, Call call) {
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                bool causal, nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
                nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision, nb::handle algo,
-               nb::handle block_q, nb::handle block_kv, nb::handle threads, nb::handle sinks) {
+               nb::handle block_q, nb::handle block_kv, nb::handle threads, nb::handle softcap,
+               nb::handle sinks) {
   const Call c = make_call(q, k, v, out, lse);
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   flashgqa::Options o =
       make_options(causal, causal_offset, window, scale, precision, algo, block_q, block_kv, threads);
+  o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
   packing.apply(o);
   Operand<InArray> sinks_operand;
@@ -536,10 +538,11 @@ void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle 
                         nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
                         nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision,
                         nb::handle block_q, nb::handle block_kv, nb::handle threads,
-                        nb::handle sinks, nb::handle dsinks) {
+                        nb::handle softcap, nb::handle sinks, nb::handle dsinks) {
   const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
   flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(),
                                      block_q, block_kv, threads);
+  o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
   packing.apply(o);
   Operand<InArray> sinks_operand;
@@ -625,7 +628,7 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("window").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("algo").none(),
         nb::arg("block_q").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
-        nb::arg("sinks").none() = nb::none(),
+        nb::arg("softcap").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
         "Writes out (and lse, unless None) in place; q/out [B,K,G,T,H] or [B,Hq,T,H], k, v "
         "[B,K,S,H]; sinks None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
@@ -638,8 +641,8 @@ NB_MODULE(_flashgqa, m) {
         nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(), nb::arg("window").none(),
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("scale").none(),
         nb::arg("precision").none(), nb::arg("block_q").none(), nb::arg("block_kv").none(),
-        nb::arg("threads").none(), nb::arg("sinks").none() = nb::none(),
-        nb::arg("dsinks").none() = nb::none(),
+        nb::arg("threads").none(), nb::arg("softcap").none() = nb::none(),
+        nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Writes dq (shaped like q), dk and dv (like k) in place from dout and the forward's q, k, "
         "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]; sinks and dsinks (written, "
         "needs sinks) None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");

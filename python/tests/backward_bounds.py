@@ -106,12 +106,14 @@ class BackwardReference(Reference):
     """Exact (float64) gradients of q [B,K,G,T,H], k, v [B,K,S,H] for dout [B,K,G,T,H], and the
     sums their bounds need."""
 
-    def __init__(self, q, k, v, dout, scale, causal_offset=None, mask=None, sinks=None):
-        super().__init__(q, k, v, scale, causal_offset, mask, sinks)
+    def __init__(self, q, k, v, dout, scale, causal_offset=None, softcap=None, mask=None, sinks=None):
+        super().__init__(q, k, v, scale, causal_offset, softcap, mask, sinks)
         p = self.p
         dp = np.einsum("bkgth,bksh->bkgts", dout, v)
         x = dp - (p * dp).sum(axis=-1, keepdims=True)
-        ds = p * x
+        # The softcap's slope sigma = 1 - tanh^2(s / c) (1 without a cap): dS = P (dP - D) sigma.
+        self.slope = 1.0 - self.tanh**2 if self.softcap else np.ones_like(p)
+        ds = p * x * self.slope
         self.grads = {
             "dq": scale * np.einsum("bkgts,bksh->bkgth", ds, k),
             "dk": scale * np.einsum("bkgts,bkgth->bksh", ds, q),
@@ -147,7 +149,7 @@ class BackwardReference(Reference):
         S, H = self.S, self.H
         p, s, c = self.p, abs(self.scale), side.corrections
         lse = np.where(np.isfinite(self.lse), np.abs(self.lse), 0.0)[..., None]
-        delta = (gamma(H) + 4 * U32) * self.A
+        delta = self.delta
         lse_err = (delta + 2 * EPS_EXP + 2 * gamma(S) + 2 * U32 * (lse + 1)
                    + c * (EPS_EXP + U32) + self.sink_error())
         rho = (np.expm1(2 * delta + lse_err + U32 * (self.A + lse)) + 2 * EPS_EXP
@@ -159,6 +161,16 @@ class BackwardReference(Reference):
         det_s = p * (rho * self.abs_x + gamma(H) * self.n_dp)
         rand_s = p * (side.u_s * self.abs_x + side.u_dP * self.abs_dp)
         var_s = p**2 * ((side.u_s * self.abs_x) ** 2 + (side.u_dP * self.abs_dp) ** 2) / 3
+        if self.softcap:
+            # dS = P X sigma: the errors above scale with sigma <= 1; sigma's own error, from the
+            # capped logit's (delta): dt = delta / c + 2 u32 |t|, e_sigma = 2 |t| dt + dt^2 + 2 u32,
+            # and one more product rounding (u32).
+            sigma, t = self.slope, np.abs(self.tanh)
+            dt = delta / self.softcap + 2 * U32 * t
+            e_sigma = 2 * t * dt + dt**2 + 2 * U32
+            det_s = (det_s + rand_s) * (sigma + e_sigma) - rand_s * sigma + p * self.abs_x * (e_sigma + U32)
+            rand_s = rand_s * sigma
+            var_s = var_s * sigma**2
         abs_k, abs_q = np.abs(self.k), np.abs(self.q)
 
         d_weight = self.pk + (rho + side.u_s) * self.pk_abs  # |sum_j P~ k|

@@ -40,6 +40,10 @@ Linear attention (weights w_j = scale q.k_j, a_j = |scale| sum_h |q_h k_jh|), pe
   e_i = (gamma(H) + 2 u32)(1 + u_p_i) sum_j a_j |v_jh| + (u_p_i + gamma(S)) sum_j |w_j v_jh|
   (the logit error, carried through the rounding to u_p; the rounding itself; the fp32 P.V sum);
   |o_a - o_b| <= sum_i e_i + u_out (n |o_ref| + sum_i e_i); mean as above with |w_j v_jh|.
+With a logit softcap c (logits c tanh(s / c)): the cap's slope 1 - tanh^2 <= 1 passes delta at most
+unchanged, and an implementation's cap adds eps_tanh = 2^-21 (the library's kTanhMaxRelError, a
+budget too for torch's and XLA's float32 tanh) plus 3 u32 of the capped logit, at most min(A, c):
+  delta = (gamma(H) + 4 u32) A + (eps_tanh + 3 u32) min(A, c).
 A NaN never passes: every check is `err <= bound`, which is False for NaN.
 """
 
@@ -49,6 +53,7 @@ import numpy as np
 
 U32 = 2.0**-24
 EPS_EXP = 2.0**-20
+EPS_TANH = 2.0**-21
 ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": U32}
 
 
@@ -88,7 +93,7 @@ def _visible(T, S, causal_offset):
 class Reference:
     """Exact (float64) attention of q [B,K,G,T,H], k, v [B,K,S,H] and the sums the bounds need."""
 
-    def __init__(self, q, k, v, scale, causal_offset=None, mask=None, sinks=None):
+    def __init__(self, q, k, v, scale, causal_offset=None, softcap=None, mask=None, sinks=None):
         """mask: [T, S] bool of the keys each query sees, in place of causal_offset.
         sinks: None or float64 [K, G] sink logits (each a denominator term e^sink, no value)."""
         self.T, self.S, self.H = q.shape[3], k.shape[2], q.shape[4]
@@ -100,6 +105,12 @@ class Reference:
         logits = scale * np.einsum("bkgth,bksh->bkgts", q, k)
         absdot = abs(scale) * np.einsum("bkgth,bksh->bkgts", np.abs(q), np.abs(k))
         self.A = np.where(vis, absdot, 0.0).max(axis=-1, initial=0.0)[..., None]  # [B,K,G,T,1]
+        self.softcap = softcap or None
+        self.delta = (gamma(self.H) + 4 * U32) * self.A  # the logit error (docstring)
+        if self.softcap:
+            self.tanh = np.tanh(logits / self.softcap)  # the backward's slope is 1 - tanh^2
+            logits = self.softcap * self.tanh
+            self.delta = self.delta + (EPS_TANH + 3 * U32) * np.minimum(self.A, self.softcap)
         masked = np.where(vis, logits, -np.inf)
         m = np.maximum(masked.max(axis=-1, keepdims=True, initial=-np.inf), sink)
         m = np.where(np.isfinite(m), m, 0.0)
@@ -127,8 +138,8 @@ class Reference:
 
     def softmax_bounds(self, sides, u_out):
         """(max bound per element, mean bound) for sides = [(u_p, corrections), ...]."""
-        S, H = self.S, self.H
-        delta = (gamma(H) + 4 * U32) * self.A
+        S = self.S
+        delta = self.delta
         e = 0.0
         u_p_sq = 0.0
         for u_p, corrections in sides:
@@ -145,7 +156,7 @@ class Reference:
         return max_bound, mean_bound
 
     def lse_bound(self):
-        delta = (gamma(self.H) + 4 * U32) * self.A[..., 0]
+        delta = self.delta[..., 0]
         finite = np.where(np.isfinite(self.lse), np.abs(self.lse), 0.0)
         return (delta + 2 * EPS_EXP + 2 * gamma(self.S) + 2 * U32 * (finite + 1.0)
                 + self.sink_error()[..., 0])

@@ -1,8 +1,10 @@
-"""100,000 small calls do not grow the process's memory (RSS sampled after a warm-up and at the end)."""
+"""100,000 small calls do not grow the process's memory (RSS sampled after a warm-up and at the end);
+problems too large for memory raise clear errors instead of meeting the OOM killer."""
 import os
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 import flashgqa
 
@@ -28,3 +30,21 @@ def test_100k_small_calls_keep_memory_flat():
     after = rss_bytes()
     # A leak of even 16 bytes per call would add ~1.4 MB; allow 1 MB of allocator noise.
     assert after - before < (1 << 20), (before, after)
+
+
+def test_problems_too_large_for_memory_raise_clear_errors():
+    # T = S = 2^22 read through stride-0 views (no memory): naive's logits would need 2^44 floats.
+    # The library refuses before allocating anything, naming the algorithm and the sizes.
+    long = 2**22
+    q = np.broadcast_to(np.float32(0.5), (1, 1, 1, long, 1))
+    k = np.broadcast_to(np.float32(0.25), (1, 1, long, 1))
+    with pytest.raises(ValueError, match=r"algorithm naive needs .* GiB of workspace, more than this "
+                                         r"machine's .* GiB of memory; expected a smaller T x S"):
+        flashgqa.attention(q, k, k, algo="naive")
+    with pytest.raises(ValueError, match=r"algorithm chunked needs .* GiB of workspace"):
+        flashgqa.attention(q, k, k, algo="chunked", block_kv=long)
+    # An output too large to allocate: numpy's MemoryError, before the library runs.
+    huge_q = np.broadcast_to(np.float32(0.5), (1, 1, 1, 2**40, 8))
+    small_k = np.zeros((1, 1, 4, 8), np.float32)
+    with pytest.raises(MemoryError):
+        flashgqa.attention(huge_q, small_k, small_k)

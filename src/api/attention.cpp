@@ -47,10 +47,15 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
 
 void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,
                       const TensorView& v, const Options& options) {
+  if (options.softcap != 0.0)
+    throw Error("softcap: " + std::to_string(options.softcap) +
+                ", expected 0: linear_attention has no softmax to cap");
   Options o = options;
   o.algorithm = Algorithm::chunked;  // validate blocks as the chunked rung takes them
   const Problem p = make_problem(out, nullptr, q, k, v, o);
-  if (p.B * p.K * p.G * p.T > 0) linear_attention_chunked(p);
+  if (p.B * p.K * p.G * p.T == 0) return;
+  check_rung_workspace(p, Algorithm::chunked);  // the same buffers as the chunked rung
+  linear_attention_chunked(p);
 }
 
 }  // namespace flashgqa

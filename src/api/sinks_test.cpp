@@ -298,9 +298,10 @@ TEST_P(Sinks, BackwardKeepsBitsAcrossThreadCounts) {
   EXPECT_TRUE(bitwise_equal(results[0], results[2]));
 }
 
-// Sinks with the other variants of issue #11 on the flash path: sliding windows and packed sequences
-// (an empty sequence of queries, one without keys: its rows give the sink), forward and backward.
-TEST_P(Sinks, ComposeWithWindowsAndPackedSequences) {
+// Sinks with the other variants of issue #11 on the flash path: sliding windows, packed sequences (an
+// empty sequence of queries, one without keys: its rows give the sink) and the logit softcap, forward
+// and backward.
+TEST_P(Sinks, ComposeWithWindowsPackedSequencesAndSoftcap) {
   int seed = 400;
   const Shape shape{1, 2, 3, 45, 77, 64};
   for (const testing::WindowCase& w : testing::kWindowCases) {
@@ -333,6 +334,27 @@ TEST_P(Sinks, ComposeWithWindowsAndPackedSequences) {
     const BackwardProblem bp = b.run(o, isa());
     const ErrorReport rb = check_backward_against_reference(bp, reference_attention_backward(bp));
     EXPECT_TRUE(rb.ok) << "packed backward, causal " << causal << ": " << rb.describe();
+  }
+  {  // With Gemma's logit softcap: the logits are capped, the sink is not.
+    AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed, 3.0f);
+    const std::vector<float> sinks = make_sinks(shape, seed, 4.0f);
+    Options o;
+    o.sinks = sinks.data();
+    o.softcap = 5.0;
+    o.causal = true;
+    o.causal_offset = -3;
+    const Problem p = testing::flash_problem(c, o);
+    flash_attention(p, isa());
+    const ErrorReport r = check_against_reference(p, reference_attention(p), flash_key_sums(p, isa()));
+    EXPECT_TRUE(r.ok) << "softcap: " << r.describe();
+    expect_empty_rows_give_the_sink(c, p);
+    BackwardRun b(shape, DType::f32, ++seed);
+    Options ob;
+    ob.precision = Precision::f32;
+    ob.softcap = 5.0;
+    const BackwardProblem bp = b.run(ob, isa());
+    const ErrorReport rb = check_backward_against_reference(bp, reference_attention_backward(bp));
+    EXPECT_TRUE(rb.ok) << "softcap backward: " << rb.describe();
   }
   for (const testing::WindowCase& w : {testing::kWindowCases[1], testing::kWindowCases[5]}) {
     BackwardRun b(shape, DType::f32, ++seed);

@@ -8,7 +8,8 @@
 // (flash/kv_splits.hpp, with one q block of all T positions), so there are enough tasks for the
 // threads and their number depends on the shapes only. A task walks its KV blocks in order; per block,
 // for every (G head, q block) that sees a key of it:
-//   S and dP tile by tile (qk_tile); P = exp(S - lse) and dS = P (dP - D);
+//   S and dP tile by tile (qk_tile; with a softcap c, S = c tanh(S / c) by softcap_n); P = exp(S - lse)
+//   and dS = P (dP - D) (times the cap's slope 1 - (S / c)^2 with a softcap);
 //   P and dS packed as V panels over the q block's rows (pack_v: pairs along queries), and
 //   dV^T += dO^T P, dK^T += Q^T dS (pv_tile, accumulators [Hp][keys] of the block);
 //   dS rows packed as weights (pack_q_row) and dQ += dS K (pv_tile) into the task's dQ rows.
@@ -168,11 +169,17 @@ void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspa
       kern.qk_tile({w.logits.as<float>() + r0 * npad + c, npad, q + r0 * Hp * ob, Hp, k + c * Hp * ob, Hp, p.scale, nr});
       kern.qk_tile({w.dp.as<float>() + r0 * npad + c, npad, dout + r0 * Hp * ob, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
     }
+    if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
+      const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
+      float* s = w.logits.as<float>() + r0 * npad;
+      for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
+    }
   }
 }
 
 // In place: S <- P = exp(S - lse_t), 0 outside each row's keys and for rows with lse = -inf (they saw
-// no key), and dP <- dS = P (dP - D_t); rows t0 + i of head g of (b, kh), keys [s0, s0 + n).
+// no key), and dP <- dS = P (dP - D_t) (with a softcap c, S holds c tanh(s / c) and dS = P ((dP - D_t)
+// (1 - (S / c)^2))); rows t0 + i of head g of (b, kh), keys [s0, s0 + n).
 void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
                   std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
                   std::int64_t s0, std::int64_t n, std::int64_t npad) {
@@ -193,10 +200,20 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
     std::fill(x, x + keys.begin, kNegInf);
     for (std::int64_t j = keys.begin; j < keys.end; ++j) x[j] = srow[j] - lse;
     std::fill(x + keys.end, x + npad, kNegInf);
-    plan.kern->exp_n(srow, x, npad);
     const float D = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
+    if (p.softcap != 0.0f) {  // S holds c tanh(s / c): dP - D times the cap's slope 1 - tanh^2, before P
+      const float inv = 1.0f / p.softcap;
+      for (std::int64_t j = keys.begin; j < keys.end; ++j) {
+        const float th = srow[j] * inv;
+        dprow[j] = (dprow[j] - D) * (1.0f - th * th);
+      }
+    }
+    plan.kern->exp_n(srow, x, npad);
     std::fill(dprow, dprow + keys.begin, 0.0f);
-    for (std::int64_t j = keys.begin; j < keys.end; ++j) dprow[j] = srow[j] * (dprow[j] - D);
+    if (p.softcap != 0.0f)
+      for (std::int64_t j = keys.begin; j < keys.end; ++j) dprow[j] = srow[j] * dprow[j];
+    else
+      for (std::int64_t j = keys.begin; j < keys.end; ++j) dprow[j] = srow[j] * (dprow[j] - D);
     std::fill(dprow + keys.end, dprow + npad, 0.0f);
   }
 }

@@ -2,7 +2,7 @@
 // and its derived bounds (reference/reference_backward.hpp, tolerance_backward.hpp): awkward shapes
 // (T != S, H = 17 to 256, G = 1 and 8), both precisions and every dtype, causal offsets and windows,
 // blocks that divide nothing, the FlashAttention and padded layouts for every tensor, bit identity
-// across thread counts, and the edge cases (rows that see no key, T = 0, S = 0).
+// across thread counts, the logit softcap, and the edge cases (rows that see no key, T = 0, S = 0).
 #include "backward/flash_backward.hpp"
 
 #include <gtest/gtest.h>
@@ -209,6 +209,31 @@ TEST_P(FlashBackward, EdgeCasesGiveZeros) {
     EXPECT_TRUE(r.ok) << testing::to_string(shape) << ": " << r.describe();
     for (float x : gradient_values(c.problem(Options{}))) EXPECT_EQ(x, 0.0f) << testing::to_string(shape);
   }
+}
+
+// The logit softcap: P from the capped logits, dS times the cap's slope 1 - tanh^2; strong and weak
+// caps, causal or not, windows, both precisions, and the same bits on 1 and 2 threads.
+TEST_P(FlashBackward, SoftcapMatchesReferenceAndKeepsTheBits) {
+  int seed = 700;
+  for (const Shape& shape : {Shape{1, 2, 4, 37, 53, 64}, Shape{2, 1, 1, 19, 70, 128}, Shape{1, 1, 8, 5, 129, 256},
+                             Shape{1, 1, 2, 70, 300, 80}})
+    for (const float cap : {1.0f, 5.0f, 50.0f}) {
+      ++seed;
+      BackwardCase c(shape, seed % 2 ? DType::bf16 : DType::f32, Layout::contiguous, seed);
+      Options o;
+      o.softcap = cap;
+      o.scale = 1.0;  // logits ~ N(0, H): the cap bites
+      o.causal = seed % 3 != 0;
+      o.precision = seed % 4 == 0 ? Precision::f32 : Precision::bf16;
+      o.window_left = seed % 5 == 0 ? 9 : -1;
+      o.threads = 1;
+      std::vector<float> one, two;
+      const ErrorReport r = run_and_check(c, o, isa(), &one);
+      EXPECT_TRUE(r.ok) << testing::to_string(shape) << " cap " << cap << ": " << r.describe();
+      o.threads = 2;
+      run_and_check(c, o, isa(), &two);
+      EXPECT_TRUE(testing::bitwise_equal(one, two)) << testing::to_string(shape) << " cap " << cap;
+    }
 }
 
 // Blocks whose tiles would need more than the workspace limit are refused with Error, not allocated.

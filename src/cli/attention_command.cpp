@@ -33,6 +33,7 @@ const std::vector<FlagSpec> kFlags = {
     {"q"},       {"k"},        {"v"},         {"out"},       {"lse"},      {"algo"},
     {"causal", false},         {"causal-offset"},            {"window"},   {"scale"},    {"precision"},
     {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
+    {"softcap"},
     {"sinks"},
 };
 
@@ -57,6 +58,8 @@ std::string help_text() {
     "                       t + offset - L <= j <= t + offset + R, offset as for causal (default\n"
     "                       S - T); -1 = unbounded on that side; with --causal, R is 0\n"
     "  --scale X            logit scale (default 1/sqrt(H))\n"
+    "  --softcap C          logit softcap (Gemma 2): logits s become C*tanh(s/C) before the\n"
+    "                       softmax (default 0 = off)\n"
     "  --sinks FILE         attention sinks (gpt-oss): one logit per query head, [K,G] or [K*G]\n"
     "                       (" + join_names(kDTypeNames) + "); each row's softmax denominator gains\n"
     "                       exp(sink), with no value, and so does the lse; -inf is no sink\n"
@@ -142,6 +145,7 @@ Options parse_options(const Args& args) {
     o.causal_offset = args.integer("causal-offset", 0, kMinInt64, kMaxInt64);
   }
   if (args.has("scale")) o.scale = args.real("scale", 0.0);
+  o.softcap = args.real("softcap", 0.0);  // the library checks the value
   o.threads = static_cast<int>(args.integer("threads", 0, 0, kMaxThreads));
   o.block_q = args.integer("block-q", 0, 0, kMaxBlock);
   o.block_kv = args.integer("block-kv", 0, 0, kMaxBlock);

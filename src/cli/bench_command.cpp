@@ -20,7 +20,8 @@ namespace flashgqa::cli {
 namespace {
 
 const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},    {"algos"},
-                                      {"threads"}, {"causal", false}, {"repeats"}, {"budget"}};
+                                      {"threads"}, {"causal", false}, {"repeats"}, {"budget"},
+                                      {"softcap"}};
 
 // The backward pass of flash (attention_backward), benchmarked beside the ladder's rungs.
 constexpr const char* kBackwardName = "flash-backward";
@@ -50,7 +51,7 @@ BenchItem parse_item(const std::string& word) {
 
 std::string help_text() {
   return "flashgqa bench [--out DIR] [--shape B,K,G,T,S,H] [--seq 256,512,...] [--algos a,b,...]\n"
-    "               [--threads N] [--causal] [--repeats N] [--budget SECONDS]\n"
+    "               [--threads N] [--causal] [--repeats N] [--budget SECONDS] [--softcap C]\n"
     "  Times each algorithm of the ladder for each T = S in --seq (one warm-up, then the median of\n"
     "  --repeats runs) next to the roofline prediction from this machine's measured ceilings\n"
     "  (see flashgqa roofline). Prints a table; writes DIR/bench.csv, bench.json and bench.svg.\n"
@@ -64,6 +65,7 @@ std::string help_text() {
     "                       flash-backward is flash's backward pass, 2.5x the forward's FLOP)\n"
     "  --threads N          threads (default 0 = all cores)\n"
     "  --causal             causal attention (half the FLOPs counted)\n"
+    "  --softcap C          logit softcap C*tanh(s/C) (default 0 = off; FLOPs counted as without)\n"
     "  --repeats N          timed runs per point (default 3)\n"
     "  --budget SECONDS     skip a point whose warm-up and repeats would take longer (default 12)\n"
     "  --help               this text\n";
@@ -122,6 +124,7 @@ int bench_command(const std::vector<std::string>& words) {
   if (algos.empty()) throw Error("--algos: no algorithm given");
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const bool causal = args.has("causal");
+  const double softcap = args.real("softcap", 0.0);
   const int repeats = static_cast<int>(args.integer("repeats", 3, 1, 1000));
   const double budget = args.real("budget", 12.0);
   const std::string dir = args.optional("out").value_or(".");
@@ -176,6 +179,7 @@ int bench_command(const std::vector<std::string>& words) {
         Options o;
         o.algorithm = a;
         o.causal = causal;
+        o.softcap = softcap;
         o.threads = threads;
         // The tool's opt-in to tuning: flash takes the blocks `flashgqa tune` stored, if any.
         o = study::with_tuned_blocks(o, row.shape);
@@ -209,6 +213,7 @@ int bench_command(const std::vector<std::string>& words) {
               c.cpu.c_str(), threads, c.bf16_flops.median / 1e9, c.bf16_instruction.c_str(), c.dram_bytes.median / 1e9,
               static_cast<long long>(base.B), static_cast<long long>(base.K), static_cast<long long>(base.G),
               static_cast<long long>(base.H), causal ? ", causal" : "");
+  if (softcap != 0.0) std::printf("softcap %g\n", softcap);
   std::printf("%s", study::to_table(report).c_str());
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

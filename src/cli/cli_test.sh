@@ -74,7 +74,7 @@ shape=1,2,3,37,53,64
 # --- help ---------------------------------------------------------------------------------------
 expect_ok "help" "${run[@]}" --help
 for flag in --q --k --v --out --lse --algo --causal --causal-offset --window --scale --precision --threads \
-  --block-q --block-kv --repeat --kv-heads --check --shape --dtype --seed --scale-inputs --dir; do
+  --block-q --block-kv --repeat --kv-heads --check --shape --dtype --seed --scale-inputs --dir --softcap; do
   if grep -qF -- "$flag" "$out"; then pass; else fail "flashgqa --help does not document $flag"; fi
 done
 expect_ok "attention help" "${run[@]}" attention --help
@@ -139,6 +139,9 @@ expect_check "f32 precision" "${run[@]}" attention "${inputs[@]}" --out "$d/o.np
 expect_check "blocks" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --algo kernel1 --block-q 5 --block-kv 7 --threads 1 --check
 expect_check "flash blocks" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --block-q 16 --block-kv 16 --threads 2 --check
 expect_check "chunked block" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --algo chunked --block-kv 10 --check
+expect_check "softcap" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --softcap 0.5 --causal --check
+expect_check "softcap naive" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --softcap 2 --algo naive --check
+expect_error "bad softcap" "softcap: -1" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --softcap -1
 expect_ok "empty T" "${run[@]}" attention --q "$work/emptyT/q.npy" --k "$work/emptyT/k.npy" --v "$work/emptyT/v.npy" --out "$work/emptyT/o.npy"
 expect_header "empty T out" "$work/emptyT/o.npy" "'shape': (1, 1, 1, 0, 8)"
 
@@ -217,6 +220,9 @@ expect_error "random missing dir" "missing required flag --dir" "${run[@]}" rand
 b=$work/big
 expect_error "check fails" "--check" "${run[@]}" attention --q "$b/q.npy" --k "$b/k.npy" --v "$b/v.npy" --out "$b/o.npy" --algo chunked-unstable --check
 if grep -Eq '^check: .*: FAILED$' "$out"; then pass; else fail "failed check: stdout '$(cat "$out")'"; fi
+# A softcap bounds the logits (|c tanh(s/c)| < c): chunked-unstable no longer overflows.
+expect_check "softcap tames chunked-unstable" "${run[@]}" attention --q "$b/q.npy" --k "$b/k.npy" --v "$b/v.npy" \
+  --out "$b/o.npy" --algo chunked-unstable --softcap 30 --check
 
 # The study commands: roofline, bench and tune (tiny sizes; caches kept inside $work).
 export XDG_CACHE_HOME=$work/cache FLASHGQA_TUNE_CACHE=$work/cache/tune.tsv

@@ -217,6 +217,11 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
   if (options.precision != Precision::bf16 && options.precision != Precision::f32)
     fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
          ", expected bf16 or f32");
+  // 1/c must be a finite float (the kernels multiply by it): c at least the smallest normal float.
+  if (options.softcap != 0.0 &&
+      !(options.softcap >= 0x1p-126 && std::isfinite(static_cast<float>(options.softcap))))
+    fail("softcap: " + std::to_string(options.softcap) +
+         ", expected 0 (off) or a finite number >= 2^-126 (a normal float)");
   check_blocks(options.algorithm, options.block_q, options.block_kv);
   resolve_threads(options.threads);
   check_sinks(options.sinks, K, G);
@@ -291,6 +296,7 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
     if (q1 > q0) p.sequences.push_back({q0, q1, k0, k1, options.causal_offset.value_or((k1 - k0) - (q1 - q0))});
   }
   p.precision = options.precision;
+  p.softcap = static_cast<float>(options.softcap);
   p.block_q = options.block_q;
   p.block_kv = options.block_kv;
   p.threads = resolve_threads(options.threads);

@@ -62,6 +62,7 @@ struct Problem {
   };
   std::vector<Sequence> sequences;
   Precision precision = Precision::bf16;
+  float softcap = 0.0f;  // Options::softcap: 0 = off, else logits s -> softcap tanh(s / softcap)
   std::int64_t block_q = 0;   // 0 = automatic
   std::int64_t block_kv = 0;  // 0 = automatic
   int threads = 1;            // resolved: >= 1

@@ -4,7 +4,7 @@
 // (row r = t*G + g, as in flash_packed.cpp) against one contiguous range of keys. The task packs its Q
 // rows once (bf16, H padded to Hp) and walks its keys in blocks of bkv:
 //   1. S = scale Q K^T: decode_qk_rows reads the block's K rows in address order from their source
-//      (no packed copy);
+//      (no packed copy); with a softcap, S = c tanh(S / c) (softcap_n);
 //   2. the online softmax over the block (softmax_tile: running max, P = exp(S - m) rounded to bf16,
 //      fp32 sums of the unrounded P, keys outside each row's visible range [lo, hi) masked);
 //   3. O = O corr + P V: decode_pv_rows reads the block's V rows in address order, likewise.
@@ -96,6 +96,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
     // S = scale Q K^T over the first keys_seen keys.
     kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
                          keys_seen, p.H, Hp, p.scale, static_cast<int>(M)});
+    // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
+    if (p.softcap != 0.0f)
+      for (std::int64_t r = 0; r < M; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
     // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
     const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(), lo,
                                           hi, padded_keys(keys_seen), static_cast<int>(M), true});

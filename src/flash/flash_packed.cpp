@@ -10,8 +10,9 @@
 //   2. walks its KV range block by block; each packed block serves every row tile of the task: G*bq
 //      rows reuse each K/V byte brought into cache, so DRAM/L3 traffic is (K+V) / (G*bq) per row;
 //   3. per row tile of MR rows: S = scale Q K^T (qk_tile, panel by panel, only the panels some row of
-//      the tile may see), the online softmax (softmax_tile: running max, P = exp(S - m) rounded to
-//      bf16, fp32 denominators, masking only where the diagonal or the block end cuts the tile),
+//      the tile may see; with a softcap, S = c tanh(S / c) by softcap_n), the online softmax
+//      (softmax_tile: running max, P = exp(S - m) rounded to bf16, fp32 denominators, masking only
+//      where the diagonal or the block end cuts the tile),
 //      O = O * corr + P V (pv_tile, the rescale folded into the accumulator load, skipped when no
 //      max moved). S and P of a tile stay in L1; O rows stay in L2 for the whole task;
 //   4. writes out = O / l once in out's dtype, and lse = m + log l.
@@ -209,6 +210,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
       for (std::int64_t c = c0; c < s_keys; c += kPanelKeys)
         kern.qk_tile({s + c, w.lds, q + r0 * w.ldq * operand_bytes, w.ldq, kblock + c * Hp * operand_bytes, Hp,
                       p.scale, nr});
+      // Softcap: S = c tanh(S / c) over the same panels, row by row.
+      if (p.softcap != 0.0f)
+        for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * w.lds + c0, s_keys - c0, p.softcap);
       // Running max, P = exp(S - m) (bf16), l = l corr + sum P.
       const bool moved = kern.softmax_tile(
           {s, w.lds, w.p.data(), w.ldp, m + r0, l + r0, w.corr.as<float>(), row_lo, row_hi, s_keys, nr, round});

@@ -13,6 +13,7 @@
 
 #include "kernels/exp_poly.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/tanh_poly.hpp"
 
 namespace flashgqa {
 namespace {
@@ -118,6 +119,34 @@ inline void exp_n(float* dst, const float* src, std::int64_t n) {
     const __mmask16 m = first_lanes16(n - i);
     const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
     _mm512_mask_storeu_ps(dst + i, m, exp2_poly(_mm512_mul_ps(x, _mm512_set1_ps(exp_poly::kLog2e))));
+  }
+}
+
+// tanh(y) by the rational of tanh_poly.hpp: clamp (NaN passes: min/max return their second operand),
+// y P(y^2) / Q(y^2).
+inline __m512 tanh_rational(__m512 y) {
+  using namespace tanh_poly;
+  y = _mm512_min_ps(_mm512_set1_ps(kTanhClamp), y);
+  y = _mm512_max_ps(_mm512_set1_ps(-kTanhClamp), y);
+  const __m512 u = _mm512_mul_ps(y, y);
+  __m512 num = _mm512_fmadd_ps(_mm512_set1_ps(kP4), u, _mm512_set1_ps(kP3));
+  num = _mm512_fmadd_ps(num, u, _mm512_set1_ps(kP2));
+  num = _mm512_fmadd_ps(num, u, _mm512_set1_ps(kP1));
+  num = _mm512_fmadd_ps(num, u, _mm512_set1_ps(1.0f));
+  __m512 den = _mm512_fmadd_ps(_mm512_set1_ps(kQ4), u, _mm512_set1_ps(kQ3));
+  den = _mm512_fmadd_ps(den, u, _mm512_set1_ps(kQ2));
+  den = _mm512_fmadd_ps(den, u, _mm512_set1_ps(kQ1));
+  den = _mm512_fmadd_ps(den, u, _mm512_set1_ps(1.0f));
+  return _mm512_div_ps(_mm512_mul_ps(num, y), den);
+}
+
+// x[i] = cap tanh(x[i] / cap) (softcap_n, contract in microkernels.hpp).
+inline void softcap_n(float* x, std::int64_t n, float cap) {
+  const __m512 c = _mm512_set1_ps(cap), inv = _mm512_set1_ps(1.0f / cap);
+  for (std::int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first_lanes16(n - i);
+    const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(c, tanh_rational(y)));
   }
 }
 

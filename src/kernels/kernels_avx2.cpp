@@ -11,6 +11,7 @@
 
 #include "kernels/exp_poly.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/tanh_poly.hpp"
 #include "kernels/row_count.hpp"
 
 namespace flashgqa {
@@ -84,6 +85,38 @@ __m256 exp2_poly(__m256 x) {
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// tanh(y) by the rational of tanh_poly.hpp: clamp (NaN passes: min/max return their second operand),
+// y P(y^2) / Q(y^2).
+__m256 tanh_rational(__m256 y) {
+  using namespace tanh_poly;
+  y = _mm256_min_ps(_mm256_set1_ps(kTanhClamp), y);
+  y = _mm256_max_ps(_mm256_set1_ps(-kTanhClamp), y);
+  const __m256 u = _mm256_mul_ps(y, y);
+  __m256 num = _mm256_fmadd_ps(_mm256_set1_ps(kP4), u, _mm256_set1_ps(kP3));
+  num = _mm256_fmadd_ps(num, u, _mm256_set1_ps(kP2));
+  num = _mm256_fmadd_ps(num, u, _mm256_set1_ps(kP1));
+  num = _mm256_fmadd_ps(num, u, _mm256_set1_ps(1.0f));
+  __m256 den = _mm256_fmadd_ps(_mm256_set1_ps(kQ4), u, _mm256_set1_ps(kQ3));
+  den = _mm256_fmadd_ps(den, u, _mm256_set1_ps(kQ2));
+  den = _mm256_fmadd_ps(den, u, _mm256_set1_ps(kQ1));
+  den = _mm256_fmadd_ps(den, u, _mm256_set1_ps(1.0f));
+  return _mm256_div_ps(_mm256_mul_ps(num, y), den);
+}
+
+// x[i] = cap tanh(x[i] / cap) (softcap_n, contract in microkernels.hpp); the tail through a buffer.
+void softcap_n(float* x, std::int64_t n, float cap) {
+  const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh_rational(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv))));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    for (std::int64_t k = i; k < n; ++k) buf[k - i] = x[k];
+    _mm256_store_ps(buf, _mm256_mul_ps(c, tanh_rational(_mm256_mul_ps(_mm256_load_ps(buf), inv))));
+    for (std::int64_t k = i; k < n; ++k) x[k] = buf[k - i];
+  }
 }
 
 void exp_n(float* dst, const float* src, std::int64_t n) {
@@ -308,6 +341,7 @@ const FlashKernels& avx2_kernels() {
                               .pv_tile = pv_tile_6x32,
                               .softmax_tile = softmax_tile,
                               .exp_n = exp_n,
+                              .softcap_n = softcap_n,
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
                               .pack_v = pack_v};

@@ -136,6 +136,7 @@ const FlashKernels& avx512f_kernels() {
                               .pv_tile = pv_tile_12x32,
                               .softmax_tile = softmax_tile,
                               .exp_n = exp_n,
+                              .softcap_n = softcap_n,
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
                               .pack_v = pack_v};

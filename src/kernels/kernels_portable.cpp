@@ -8,6 +8,7 @@
 #include "core/dtype.hpp"
 #include "kernels/exp_poly.hpp"
 #include "kernels/microkernels.hpp"
+#include "kernels/tanh_poly.hpp"
 
 namespace flashgqa {
 namespace {
@@ -32,6 +33,22 @@ float exp2_poly(float x) {
 
 void exp_n(float* dst, const float* src, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = exp2_poly(src[i] * exp_poly::kLog2e);
+}
+
+// x[i] = cap tanh(x[i] / cap), tanh by the rational of tanh_poly.hpp (comparisons, not fmin/fmax, so
+// NaN passes the clamp).
+void softcap_n(float* x, std::int64_t n, float cap) {
+  using namespace tanh_poly;
+  const float inv = 1.0f / cap;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float y = x[i] * inv;
+    y = y > kTanhClamp ? kTanhClamp : y < -kTanhClamp ? -kTanhClamp : y;
+    const float u = y * y;
+    float num = std::fma(std::fma(std::fma(std::fma(kP4, u, kP3), u, kP2), u, kP1), u, 1.0f);
+    const float den = std::fma(std::fma(std::fma(std::fma(kQ4, u, kQ3), u, kQ2), u, kQ1), u, 1.0f);
+    num *= y;
+    x[i] = cap * (num / den);
+  }
 }
 
 // S[r][0..32) = scale * sum_h Q[r][h] K[h][j]; K panel [Hp][32].
@@ -150,6 +167,7 @@ const FlashKernels& portable_kernels() {
                               .pv_tile = pv_tile,
                               .softmax_tile = softmax_tile,
                               .exp_n = exp_n,
+                              .softcap_n = softcap_n,
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
                               .pack_v = pack_v};

@@ -58,6 +58,16 @@
 //                 term is x log2(e) in fp32: the rounding of the product and of log2(e) itself, the
 //                 size of a rounding of the logit, which the tolerances already count);
 //                 0 below about 2^-150; exp(0) = 1 exactly; exp(-inf) = 0; NaN stays NaN.
+//   softcap_n:    x[i] = cap tanh(x[i] / cap), in place (the logit softcap; cap > 0 with 1/cap a
+//                 finite float). y = x * (1/cap) (1/cap rounded to fp32), t = tanh(y) by the rational
+//                 of tanh_poly.hpp, result cap * t. |t - tanh(y)| <= kTanhMaxRelError |tanh(y)|; y's two
+//                 roundings (2^-23 |y|) move tanh by at most (1 - t^2) |y| 2^-23 <= |tanh(y)| 2^-23, and
+//                 the product adds u32, so |result - cap tanh(x / cap)| <= |result| (kTanhMaxRelError
+//                 + 3 * 2^-24) (within 2^-22 of c tanh(x/c) relative to it). tanh(y) = y for tiny y; NaN
+//                 stays NaN; +-inf gives +-cap (within the bound). The policies apply it to the S tile
+//                 between qk_tile (or decode_qk_rows) and softmax_tile when Problem::softcap is set, to
+//                 the columns some row may see (softmax_tile then masks as always); never otherwise, so
+//                 calls without a softcap run exactly the code and bits they ran before.
 //
 // Packing (each reads rows of q/k/v in any dtype; with round_bf16 the values are rounded to nearest
 // even bf16 exactly as round_to_bf16 in core/dtype.hpp does):
@@ -95,6 +105,8 @@ constexpr int kHTile = 32;      // columns per V panel (pv_tile's NR); H is padd
 constexpr std::int64_t padded_keys(std::int64_t n) { return round_up(n, kPanelKeys); }
 // The bound exp_n and softmax_tile's exp meet (tested in microkernels_test.cpp).
 constexpr double kExpMaxRelError = 2.5e-7;
+// The bound softcap_n's tanh meets, relative to tanh (tested in microkernels_test.cpp).
+constexpr double kTanhMaxRelError = 0x1p-21;
 
 struct QkTile {
   float* s;  // S tile, row stride lds
@@ -182,6 +194,7 @@ struct FlashKernels {
   void (*pv_tile)(const PvTile& t);
   bool (*softmax_tile)(const SoftmaxTile& t);
   void (*exp_n)(float* dst, const float* src, std::int64_t n);
+  void (*softcap_n)(float* x, std::int64_t n, float cap);
   void (*pack_q_row)(void* dst, const PackSource& src);
   void (*pack_k)(void* dst, const PackSource& src);
   void (*pack_v)(void* dst, const PackSource& src);

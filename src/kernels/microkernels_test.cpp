@@ -1,6 +1,7 @@
 // Every kernel set this machine supports against a scalar model of the contract in microkernels.hpp:
 // packing + qk_tile, packing + pv_tile, softmax_tile (masked and not, running state, NaN), and the exp
-// error bound. Partial row tiles, H not a multiple of 32, keys not a multiple of 32, all input dtypes.
+// and softcap (tanh) error bounds. Partial row tiles, H not a multiple of 32, keys not a multiple of
+// 32, all input dtypes.
 #include "kernels/microkernels.hpp"
 
 #include <gtest/gtest.h>
@@ -265,6 +266,52 @@ TEST(Microkernels, ExpMeetsItsDocumentedBound) {
     EXPECT_TRUE(std::isnan(out[3])) << name(kc);
     EXPECT_EQ(out[4], kInf) << name(kc);
     EXPECT_LE(std::fabs(out[5] - std::exp(-110.0)), 0x1p-126) << name(kc);
+  }
+}
+
+TEST(Microkernels, SoftcapMeetsItsDocumentedBound) {
+  // cap tanh(x / cap) against float64 over the tanh's whole range (|x / cap| up to 12, past the clamp),
+  // finely near 0 and geometrically down to tiny x, for a strong, a Gemma-sized and an odd cap.
+  std::vector<float> y;
+  for (float v = -12.0f; v <= 12.0f; v += 0.00071f) y.push_back(v);
+  for (float v = 1e-30f; v < 1.0f; v *= 1.013f) y.push_back(v), y.push_back(-v);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    for (const float cap : {1.0f, 50.0f, 0.37f}) {
+      std::vector<float> x(y.size());
+      for (std::size_t i = 0; i < y.size(); ++i) x[i] = y[i] * cap;
+      std::vector<float> out = x;
+      k.softcap_n(out.data(), static_cast<std::int64_t>(out.size()), cap);
+      double worst = 0;  // error relative to the result, in units of the documented bound
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const double ref = cap * std::tanh(static_cast<double>(x[i]) / cap);
+        const double bound = (kTanhMaxRelError + 3 * 0x1p-24) * std::fabs(ref) + 1e-300;
+        worst = std::max(worst, std::fabs(out[i] - ref) / bound);
+      }
+      EXPECT_LE(worst, 1.0) << name(kc) << " cap " << cap;
+    }
+    // The rational alone (cap 1): within kTanhMaxRelError of tanh.
+    std::vector<float> t = y;
+    k.softcap_n(t.data(), static_cast<std::int64_t>(t.size()), 1.0f);
+    double worst = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const double ref = std::tanh(static_cast<double>(y[i]));
+      worst = std::max(worst, std::fabs(t[i] - ref) / std::fabs(ref) / kTanhMaxRelError);
+    }
+    EXPECT_LE(worst, 1.0) << name(kc);
+    // Special values: tiny x unchanged (cap 1: no rounding of x / cap), -0 stays -0, NaN stays NaN;
+    // +-inf and huge x saturate to +-cap.
+    float special[] = {0.0f, -0.0f, 1e-20f, -3e-39f, kNaN, kInf, -kInf, 1e30f};
+    k.softcap_n(special, 5, 1.0f);
+    k.softcap_n(special + 5, 3, 30.0f);
+    EXPECT_EQ(special[0], 0.0f) << name(kc);
+    EXPECT_TRUE(special[1] == 0.0f && std::signbit(special[1])) << name(kc);
+    EXPECT_EQ(special[2], 1e-20f) << name(kc);
+    EXPECT_EQ(special[3], -3e-39f) << name(kc);
+    EXPECT_TRUE(std::isnan(special[4])) << name(kc);
+    EXPECT_NEAR(special[5], 30.0f, 30.0 * 2 * kTanhMaxRelError) << name(kc);
+    EXPECT_NEAR(special[6], -30.0f, 30.0 * 2 * kTanhMaxRelError) << name(kc);
+    EXPECT_NEAR(special[7], 30.0f, 30.0 * 2 * kTanhMaxRelError) << name(kc);
   }
 }
 

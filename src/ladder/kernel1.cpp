@@ -18,8 +18,6 @@
 namespace flashgqa {
 namespace {
 
-constexpr std::int64_t kDefaultBlockQ = 256;
-
 // The carries of every query row of one kv head, laid out [G, T] (and [G, T, Hp] for o).
 struct Carries {
   std::vector<float> o, denom, m;
@@ -47,7 +45,7 @@ struct Tile {
 
 void kernel1_attention(const Problem& p) {
   const RungKernels kernels(p);
-  const std::int64_t bq = clamp_block(p.block_q, kDefaultBlockQ, p.T);
+  const std::int64_t bq = clamp_block(p.block_q, kKernel1BlockQ, p.T);
   const std::int64_t bkv = clamp_block(p.block_kv, kSeedBlockKV, p.S);
   const std::int64_t num_q_blocks = (p.T + bq - 1) / bq, Hp = kernels.Hp;
   KvBlock kv;

@@ -245,6 +245,42 @@ TEST_P(Ladder, HugeThreadCountsAreCapped) {
   }
 }
 
+// A problem whose workspace cannot fit in this machine's memory is refused with a clear Error before
+// anything is allocated: T = S = 2^22 (read through stride-0 views, so the inputs take no memory) makes
+// naive's logits 2^44 floats, and as many the chunked rungs' chunk of every row with block_kv 2^22 and
+// kernel1's tile with block_q = block_kv = 2^22.
+// flash runs it (its workspace does not grow with T or S) only in the timed benchmarks: here it is
+// enough that it does not refuse a smaller one of the same kind.
+TEST_P(Ladder, WorkspacesLargerThanMemoryAreRefusedBeforeAllocating) {
+  constexpr std::int64_t kLong = std::int64_t{1} << 22;
+  std::vector<float> q(8, 0.5f), k(8, 0.25f), out(static_cast<std::size_t>(kLong));
+  TensorView qv = contiguous_view(q.data(), DType::f32, {1, 1, 1, kLong, 1});
+  TensorView kv = contiguous_view(k.data(), DType::f32, {1, 1, kLong, 1});
+  qv.stride[3] = 0;  // every query row is q[0]
+  kv.stride[2] = 0;  // every key is k[0]
+  const TensorView ov = contiguous_view(out.data(), DType::f32, {1, 1, 1, kLong, 1});
+  Options o = options();
+  o.block_kv = takes_block_kv() ? kLong : 0;
+  o.block_q = takes_block_q() ? kLong : 0;  // kernel1's tiles of block_q x block_kv logits
+  if (GetParam() == Algorithm::flash) {
+    EXPECT_EQ(rung_workspace_bytes(make_problem(ov, nullptr, qv, kv, kv, o), GetParam()), 0.0);
+    return;
+  }
+  try {
+    attention(ov, qv, kv, kv, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::string("algorithm ") + algorithm_name(GetParam()) + " needs"), std::string::npos) << what;
+    EXPECT_NE(what.find("GiB of workspace, more than this machine's"), std::string::npos) << what;
+    EXPECT_NE(what.find("expected a smaller"), std::string::npos) << what;
+  }
+  if (GetParam() == Algorithm::chunked) {
+    o.block_q = 0;
+    EXPECT_THROW(linear_attention(ov, qv, kv, kv, o), Error);
+  }
+}
+
 TEST_P(Ladder, StridedLayoutsGiveTheContiguousResult) {
   const Shape shape{2, 2, 3, 21, 34, 64};
   Options o = options();

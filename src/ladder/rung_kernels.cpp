@@ -15,7 +15,8 @@ RungKernels::RungKernels(const Problem& p)
       H(p.H),
       Hp((p.H + kHTile - 1) / kHTile * kHTile),
       operand_bytes(kern->operand_bytes),
-      round_bf16(p.precision == Precision::bf16) {}
+      round_bf16(p.precision == Precision::bf16),
+      softcap(p.softcap) {}
 
 namespace {
 
@@ -87,6 +88,8 @@ void qk_logits(float* L, std::int64_t ldl, const RungKernels& kernels, const QRo
       t.rows = static_cast<int>(std::min<std::int64_t>(kernels.kern->mr, r1 - r));
       kernels.kern->qk_tile(t);
     }
+  if (kernels.softcap != 0.0f)  // L = c tanh(L / c)
+    for (std::int64_t r = r0; r < r1; ++r) kernels.kern->softcap_n(L + r * ldl, kv.npad, kernels.softcap);
 }
 
 void AccRows::assign_zero(std::int64_t M, std::int64_t Hp) {

@@ -31,6 +31,7 @@ struct RungKernels {
   std::int64_t H, Hp;          // Hp: H padded to the kernels' column tile
   std::int64_t operand_bytes;  // 2 (bf16 pairs) or 4 (fp32)
   bool round_bf16;             // Precision::bf16
+  float softcap;               // Problem::softcap (0 = off): qk_logits caps the logits
 };
 
 // fp32 accumulator rows [M][Hp], 64-byte aligned as the kernels require, zeroed.
@@ -61,7 +62,8 @@ struct KvBlock {
 void pack_kv_block(KvBlock& dst, const RungKernels& kernels, const Problem& p, std::int64_t b, std::int64_t kh,
                    std::int64_t s0, std::int64_t n);
 
-// L [r][0..npad) <- scale · q_r · k_j for rows [r0, r1); ldl a multiple of 16 (keys past n give 0).
+// L [r][0..npad) <- scale · q_r · k_j for rows [r0, r1), then c tanh(L / c) with a softcap c; ldl a
+// multiple of 16 (keys past n give 0).
 void qk_logits(float* L, std::int64_t ldl, const RungKernels& kernels, const QRows& Q, std::int64_t r0,
                std::int64_t r1, const KvBlock& kv, float scale);
 

@@ -79,13 +79,15 @@ ReferenceResult allocate(const Problem& p) {
   return r;
 }
 
-// Logits l_i = scale * q.k_j and a_i = |scale| sum_h |q_h k_jh| for the visible keys j = keys.begin + i.
+// Logits l_i = scale * q.k_j, capped to c tanh(l_i / c) with a softcap c, and a_i = |scale| sum_h
+// |q_h k_jh| (before the cap: what the logit's error bound scales with) for the visible keys
+// j = keys.begin + i.
 void logits(const Problem& p, const HeadOperands& ops, KeyRange keys, std::vector<double>& l,
             std::vector<double>& a) {
   const std::int64_t n = keys.size();
   l.assign(static_cast<std::size_t>(n), 0.0);
   a.assign(static_cast<std::size_t>(n), 0.0);
-  const double scale = p.scale;
+  const double scale = p.scale, cap = p.softcap;
   for (std::int64_t j = 0; j < n; ++j) {
     const double* k = ops.k_row(keys.begin + j, p.H);
     double dot = 0.0, abs_dot = 0.0;
@@ -94,7 +96,7 @@ void logits(const Problem& p, const HeadOperands& ops, KeyRange keys, std::vecto
       dot += prod;
       abs_dot += std::fabs(prod);
     }
-    l[static_cast<std::size_t>(j)] = scale * dot;
+    l[static_cast<std::size_t>(j)] = p.softcap != 0.0f ? cap * std::tanh(scale * dot / cap) : scale * dot;
     a[static_cast<std::size_t>(j)] = std::fabs(scale) * abs_dot;
   }
 }

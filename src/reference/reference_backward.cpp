@@ -42,6 +42,7 @@ ReferenceGradients allocate(const BackwardProblem& p) {
 struct RowSoftmax {
   std::vector<double> p;      // P
   std::vector<double> a;      // A_tj = |scale| sum_h |q_h k_jh|
+  std::vector<double> slope;  // the softcap's 1 - tanh^2(s_tj / c) (1 without a softcap)
   std::vector<double> dp;     // dP = dout . v_j
   std::vector<double> v_abs;  // V_tj = sum_h |dout_h v_jh|
   std::vector<double> out, abs_pv;  // [H]: sum_j P v_jh, sum_j P |v_jh|
@@ -54,6 +55,7 @@ void row_softmax(RowSoftmax& r, const Problem& f, const double* q, const double*
   const double scale = f.scale;
   r.p.assign(static_cast<std::size_t>(n), 0.0);
   r.a.assign(r.p.size(), 0.0);
+  r.slope.assign(r.p.size(), 1.0);
   r.dp.assign(r.p.size(), 0.0);
   r.v_abs.assign(r.p.size(), 0.0);
   r.out.assign(static_cast<std::size_t>(H), 0.0);
@@ -72,6 +74,11 @@ void row_softmax(RowSoftmax& r, const Problem& f, const double* q, const double*
     }
     const auto u = static_cast<std::size_t>(i);
     r.p[u] = scale * dot;
+    if (f.softcap != 0.0f) {  // c tanh(s / c), and the cap's slope 1 - tanh^2 for dS
+      const double th = std::tanh(r.p[u] / f.softcap);
+      r.p[u] = f.softcap * th;
+      r.slope[u] = 1.0 - th * th;
+    }
     r.a[u] = std::fabs(scale) * abs_dot;
     r.dp[u] = dp;
     r.v_abs[u] = abs_dp;
@@ -164,9 +171,9 @@ ReferenceGradients reference_attention_backward(const BackwardProblem& p) {
             const auto u = static_cast<std::size_t>(i);
             const std::int64_t j = keys.begin + i;
             const double prob = row.p[u], x = row.dp[u] - row.d;
-            const double ds = prob * x;  // dS = P (dP - D)
+            const double ds = prob * x * row.slope[u];  // dS = P (dP - D) (1 - tanh^2 with a softcap)
             const BackwardPairBudget pair =
-                backward_pair_budget(p, budget, row.lse, row.a[u], prob, x, row.v_abs[u]);
+                backward_pair_budget(p, budget, row.lse, row.a[u], prob, x, row.v_abs[u], row.slope[u]);
             const double* kj = k.data() + j * H;
             for (std::int64_t h = 0; h < H; ++h) {
               const std::int64_t qi = r.q_index(b, kh, g, t, h), kvi = r.kv_index(b, kh, j, h);

@@ -166,6 +166,25 @@ TEST(ReferenceBackward, MatchesFiniteDifferencesOfTheForwardReference) {
   }
 }
 
+// With a logit softcap c (logits c tanh(s / c), dS times 1 - tanh^2): strong and mild caps.
+TEST(ReferenceBackward, MatchesFiniteDifferencesWithASoftcap) {
+  std::uint64_t seed = 50;
+  for (const double cap : {0.7, 3.0})
+    for (const bool causal : {false, true}) {
+      Options o;
+      o.precision = Precision::f32;
+      o.causal = causal;
+      o.scale = 1.0;
+      o.softcap = cap;
+      BackwardCase bc = make_backward_case(Shape{1, 2, 2, 4, 5, 6}, DType::f32, DType::f32, o, ++seed, false);
+      const ReferenceGradients ref = reference_attention_backward(bc.p);
+      const std::string what = "cap " + std::to_string(cap) + (causal ? " causal" : "");
+      EXPECT_LT(finite_difference_error(bc.p, bc.c.q_buf, ref.dq), 1e-6) << what << ": dq";
+      EXPECT_LT(finite_difference_error(bc.p, bc.c.k_buf, ref.dk), 1e-6) << what << ": dk";
+      EXPECT_LT(finite_difference_error(bc.p, bc.c.v_buf, ref.dv), 1e-6) << what << ": dv";
+    }
+}
+
 // D_t = sum_j P dP equals dout . out (the identity the fast path's D relies on).
 TEST(ReferenceBackward, DIsDoutDotOut) {
   Options o;

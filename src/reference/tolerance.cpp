@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/dtype.hpp"
+#include "kernels/microkernels.hpp"
 
 namespace flashgqa {
 double unit_roundoff(DType dtype) {
@@ -43,7 +44,11 @@ Underflow forward_underflow(const Problem& p, double max_q, double max_k, double
 }
 
 double forward_logit_error(const Problem& p, double abs_logit, const Underflow& z) {
-  return (fp32_gamma(p.H) + 4 * kU32) * abs_logit + z.logit;
+  const double delta = (fp32_gamma(p.H) + 4 * kU32) * abs_logit + z.logit;
+  if (p.softcap == 0.0f) return delta;
+  // c tanh(s / c) has slope 1 - tanh^2 <= 1, so the error of s passes at most unchanged; the kernel's
+  // cap adds (kTanhMaxRelError + 3 u32) of the capped logit, whose size is at most min(A, c).
+  return delta + (kTanhMaxRelError + 3 * kU32) * std::min(abs_logit, static_cast<double>(p.softcap));
 }
 
 double forward_sink_error(const Problem& p, double abs_logit, double sink) {

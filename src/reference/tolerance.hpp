@@ -38,6 +38,9 @@
 //
 // Softmax attention, per row (query) with A = max_j |scale| sum_h |q_h k_jh| over visible keys:
 //   logit error           delta = (gamma(H) + 4 u32) A + z_l      (dot product, scale, l - m, underflow)
+//                         with a softcap c: + (eps_tanh + 3 u32) min(A, c): the cap's slope
+//                         1 - tanh^2 <= 1 passes the error of s unchanged at most, and the kernels' cap
+//                         errs by (eps_tanh + 3 u32) of the capped logit (kTanhMaxRelError, microkernels.hpp)
 //   weight rel. error     w_rel = exp(2 delta) - 1 + 2 eps_exp + u_p + 2 gamma(d) + 2 u32
 //                                 + 2 r (eps_exp + u32)
 //                         (numerator and denominator logits, both exps, P rounding, denominator sum,

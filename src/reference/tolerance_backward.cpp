@@ -108,7 +108,7 @@ BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit
 
 BackwardPairBudget backward_pair_budget(const BackwardProblem& p, const BackwardRowBudget& row,
                                         double lse_ref, double pair_abs_logit, double prob, double x,
-                                        double abs_dout_v) {
+                                        double abs_dout_v, double cap_slope) {
   const Problem& f = p.fwd;
   const double u_p = operand_roundoff(f.precision);
   const double e_l = forward_logit_error(f, pair_abs_logit, row.z) + row.lse_err +
@@ -122,6 +122,17 @@ BackwardPairBudget backward_pair_budget(const BackwardProblem& p, const Backward
   BackwardPairBudget r;
   r.p_rel = rho_f;
   r.ds_err = e1 + kU32 * (prob * ax + e1);
+  if (f.softcap != 0.0f) {
+    // dS = P (dP - D) sigma, sigma = 1 - t^2 the cap's slope (cap_slope, the reference's), t = S / c
+    // from the kernel's capped logit: |dt| <= delta / c + 2 u32 |t| (delta: the capped logit's error;
+    // 1/c and the product rounded), e_sigma = 2 |t| dt + dt^2 + 2 u32 (the square and the subtraction),
+    // and the product with sigma one more u32.
+    const double t = std::sqrt(std::max(0.0, 1.0 - cap_slope));
+    const double dt = forward_logit_error(f, pair_abs_logit, row.z) / f.softcap + 2 * kU32 * t;
+    const double e_sigma = 2 * t * dt + dt * dt + 2 * kU32;
+    const double e2 = r.ds_err * (cap_slope + e_sigma) + prob * ax * e_sigma;
+    r.ds_err = e2 + kU32 * (prob * ax * cap_slope + e2);
+  }
   return r;
 }
 

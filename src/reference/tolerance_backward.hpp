@@ -88,10 +88,14 @@ struct BackwardPairBudget {
   double p_rel = 0.0;  // rho_f
   double ds_err = 0.0;  // e_dS
 };
-// prob = P_tj, x = dP_tj - D_t, abs_dout_v = V_tj, pair_abs_logit = A_tj.
+// prob = P_tj, x = dP_tj - D_t, abs_dout_v = V_tj, pair_abs_logit = A_tj; cap_slope = 1 - tanh^2(s_tj / c)
+// with a softcap c (ignored without one): then dS = P X sigma and
+//   e_dS' = E2 + u32 (P |X| sigma + E2),  E2 = e_dS (sigma + e_sigma) + P |X| e_sigma,
+//   e_sigma = 2 |t| dt + dt^2 + 2 u32,  dt = delta / c + 2 u32 |t|  (t = tanh(s / c); delta the capped
+//   logit's error, forward_logit_error).
 BackwardPairBudget backward_pair_budget(const BackwardProblem& p, const BackwardRowBudget& row,
                                         double lse_ref, double pair_abs_logit, double prob, double x,
-                                        double abs_dout_v);
+                                        double abs_dout_v, double cap_slope = 1.0);
 
 enum class Gradient : std::uint8_t { dq, dk, dv };
 const char* gradient_name(Gradient which);  // "dq", "dk", "dv"
