@@ -70,13 +70,26 @@ void attention_bench(benchmark::State& state, study::Shape shape, Options o, int
   state.SetLabel(isa_name(active_isa()));
 }
 
+// Sink logits for the K * G = 32 query heads of the shapes below (Options::sinks; -3 to 3).
+const float* bench_sinks() {
+  static const std::vector<float> sinks = [] {
+    std::vector<float> s(32);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>(i % 7) - 3.0f;
+    return s;
+  }();
+  return sinks.data();
+}
+
 // The backward (and a training step: forward + backward) at FlashAttention's FLOP convention: the
 // backward counts 2.5 times the forward's FLOP of the visible area (5 matmuls to its 2), a step 3.5.
-void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step) {
+// With `sinks`, the backward also writes the sinks' gradient (attention_backward's dsinks overload).
+void backward_bench(benchmark::State& state, study::Shape shape, bool causal, int threads, bool step,
+                    bool sinks) {
   study::BenchInputs inputs(shape, 1);
   Options o;
   o.causal = causal;
   o.threads = threads;
+  if (sinks) o.sinks = bench_sinks();
   const double peak = bench::bf16_peak_flops(threads);
   inputs.run_backward(o);  // warm-up, and the forward's out and lse
   double seconds = 0;
@@ -100,10 +113,16 @@ void register_backward() {
                                            std::tuple{"train_step/noncausal", false, true}})
     for (int threads : {1, 2})
       benchmark::RegisterBenchmark((std::string(name) + "/T=S=4096/H=128/threads=" + std::to_string(threads)).c_str(),
-                                   backward_bench, study::Shape{1, 8, 4, 4096, 4096, 128}, causal, threads, step)
+                                   backward_bench, study::Shape{1, 8, 4, 4096, 4096, 128}, causal, threads, step,
+                                   false)
           ->Iterations(1)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("backward/sinks/noncausal/T=S=4096/H=128/threads=2", backward_bench,
+                               study::Shape{1, 8, 4, 4096, 4096, 128}, false, 2, false, true)
+      ->Iterations(1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 void register_attention(const std::string& name, study::Shape shape, const Options& o, int threads, int calls = 1) {
@@ -171,6 +190,15 @@ void register_end_to_end() {
   for (int threads : {1, 2})
     register_attention("flash/softcap/noncausal/T=S=4096/H=128/threads=" + std::to_string(threads),
                        {1, 8, 4, 4096, 4096, 128}, softcap, threads);
+  // Attention sinks: the same shapes with one sink logit per head (compare with the rows above).
+  Options sinks;
+  sinks.sinks = bench_sinks();
+  for (int threads : {1, 2}) {
+    register_attention("flash/sinks/noncausal/T=S=4096/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 4096, 4096, 128}, sinks, threads);
+    register_attention("flash/sinks/decode/T=1/S=32768/H=128/threads=" + std::to_string(threads),
+                       {1, 8, 4, 1, 32768, 128}, sinks, threads);
+  }
 }
 
 // --- Kernels ------------------------------------------------------------------------------------------

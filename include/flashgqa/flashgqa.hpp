@@ -17,7 +17,7 @@
 // rounded to bfloat16; every accumulation is fp32. Precision::f32: operands stay fp32.
 //
 // Edge cases: T = 0 writes nothing. S = 0, or a query row that may see no key (causal offset < -t),
-// gives output 0 and lse -inf. A NaN in a q, k or v element that takes part in a visible (query, key)
+// gives output 0 and lse -inf (lse = the head's sink with Options::sinks). A NaN in a q, k or v element that takes part in a visible (query, key)
 // pair reaches that query's output (a NaN in the v of a masked key may or may not: blocked algorithms
 // multiply it by a zero weight).
 //
@@ -194,12 +194,20 @@ struct Options {
   // ladder's rungs): once it reads true, the call stops and throws Interrupted. For Ctrl-C: a signal
   // handler can set it (the Python module does, for calls from the main thread).
   const std::atomic<bool>* interrupt = nullptr;
+  // Attention sinks (gpt-oss): when not null, K*G float32 logits, sinks[k*G + g] for query head
+  // h = k*G + g (the [K, G] or [Hq] layout, contiguous). Each row's softmax denominator gains
+  // exp(sink) with no value attached: out = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^sink) and
+  // lse = log(sum_j e^(s_j) + e^sink), over the visible keys j. -inf is no sink for that head; NaN and
+  // +inf are errors. A row that sees no key gets out 0 and lse = sink. Read during the call only.
+  // Every algorithm, the decode path and the backward take it (pass the forward's sinks there).
+  const float* sinks = nullptr;
 };
 
 // out <- attention(q, k, v). out must not overlap q, k or v.
 void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                const Options& options = {});
-// The same, also writing lse[b,k,g,t] = log(sum_j exp(scale * q.k_j)) over the visible keys (fp32).
+// The same, also writing lse[b,k,g,t] = log(sum_j exp(scale * q.k_j)) over the visible keys (fp32;
+// plus exp(sink) inside the log with Options::sinks).
 void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                const TensorView& v, const Options& options = {});
 
@@ -221,6 +229,15 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         const TensorView& dout, const TensorView& q, const TensorView& k,
                         const TensorView& v, const TensorView& out, const TensorView& lse,
                         const Options& options = {});
+// The same with Options::sinks, also writing the sinks' gradient: dsinks[k*G + g] (K*G float32, the
+// layout of Options::sinks) = dL/dsink = -sum_{b,t} exp(sink - lse[b,k,g,t]) D[b,k,g,t], with
+// D = rowsum(dout * out) (summed in double, in a fixed order: no dependence on the thread count).
+// Options::sinks must be set; dq, dk, dv are as above (the saved lse includes the sink, so they need
+// nothing else). dsinks must not overlap the other gradients or any input.
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, float* dsinks,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const Options& options);
 
 // The seed's linear_attn_scan_s, another operator (no softmax):
 //   out[b,k,g,t,:] = sum_j (scale * q.k_j) v_j      over the visible keys j,

@@ -20,7 +20,8 @@ this package checks only what the library cannot see (array kinds, devices, dtyp
 option types, integers too large for C++).
 
 ``attention_backward`` is the backward pass: from ``dout`` and the forward's q, k, v, out and lse
-(``attention(..., return_lse=True)``) it returns ``(dq, dk, dv)``, with the same layouts and rules.
+(``attention(..., return_lse=True)``) it returns ``(dq, dk, dv)``, with the same layouts and rules
+(and ``dsinks`` fourth when given the forward's ``sinks=``, gpt-oss's attention sinks).
 """
 
 from __future__ import annotations
@@ -151,19 +152,27 @@ def _import_qkv(q, k, v):
     return qi, ki, vi
 
 
-def _offsets(x, name):
-    """cu_seqlens_*: None, or n + 1 integer offsets (any array kind or a list) as contiguous int32."""
-    if x is None:
-        return None
+def _host_array(x, name, expected):
+    """A small argument (offsets, sinks) of any array kind or a list as a numpy array: torch tensors
+    on the CPU only, detached (bfloat16 ones as float32, which numpy lacks)."""
     torch = _module_of(x, "torch")
     if torch is not None:
         if x.device.type != "cpu":
             raise ValueError(f"{name}: torch tensor on device {x.device}, expected a CPU tensor")
         x = x.detach()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
     try:
-        a = np.asarray(x)
+        return np.asarray(x)
     except Exception as e:
-        raise TypeError(f"{name}: got {type(x).__name__} ({e}), expected a 1-D array of ints") from None
+        raise TypeError(f"{name}: got {type(x).__name__} ({e}), expected {expected}") from None
+
+
+def _offsets(x, name):
+    """cu_seqlens_*: None, or n + 1 integer offsets (any array kind or a list) as contiguous int32."""
+    if x is None:
+        return None
+    a = _host_array(x, name, "a 1-D array of ints")
     if a.ndim != 1 or a.dtype.kind not in "iu":
         raise TypeError(f"{name}: {a.ndim}-D array of {a.dtype}, expected a 1-D array of ints "
                         "(n + 1 offsets)")
@@ -206,9 +215,52 @@ def _output(qi, out, name="out"):
     return out, _import(out, name, writable=True).arg
 
 
+def _sinks_heads(qi, ki):
+    """(K, G) of q and k, or None when their shapes do not say (the library then reports q or k)."""
+    if len(qi.shape) == 5:
+        return qi.shape[1], qi.shape[2]
+    if len(qi.shape) == 4 and len(ki.shape) == 4 and ki.shape[1] > 0 and qi.shape[1] % ki.shape[1] == 0:
+        return ki.shape[1], qi.shape[1] // ki.shape[1]
+    return None
+
+
+def _import_sinks(sinks, qi, ki):
+    """The sink logits as the library takes them: a contiguous float32 numpy array of K*G values
+    (query head h = k*G + g), from any float array of shape [K, G] or [Hq] (numpy, torch, jax or
+    anything with DLPack or the buffer protocol); None stays None. This one argument is copied
+    (K*G numbers): its dtype is converted."""
+    if sinks is None:
+        return None
+    array = _host_array(sinks, "sinks", "a float array of shape [K, G] or [Hq]")
+    if array.dtype.kind != "f" and array.dtype.name != "bfloat16":
+        raise TypeError(f"sinks: dtype {array.dtype}, expected a floating-point dtype")
+    heads = _sinks_heads(qi, ki)
+    if heads is not None:
+        K, G = heads
+        if tuple(array.shape) not in ((K, G), (K * G,)):
+            raise ValueError(f"sinks: shape {list(array.shape)}, expected [K, G] = [{K}, {G}] or "
+                             f"[Hq] = [{K * G}]")
+    return np.ascontiguousarray(array.reshape(-1), dtype=np.float32)
+
+
+def _like_sinks(sinks, values):
+    """values (float32 numpy, K*G) as an array of the kind, dtype and shape of `sinks`."""
+    torch = _module_of(sinks, "torch")
+    if torch is not None:
+        return torch.from_numpy(values).to(sinks.dtype).reshape(sinks.shape)
+    jax = _module_of(sinks, "jax")
+    if jax is not None:
+        import jax.numpy as jnp
+
+        return jax.device_put(jnp.asarray(values, dtype=sinks.dtype).reshape(sinks.shape),
+                              next(iter(sinks.devices())))
+    array = np.asarray(sinks)
+    return values.astype(array.dtype).reshape(array.shape)
+
+
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seqlens_q=None,
               cu_seqlens_k=None, scale=None, precision="bf16", algo="flash", return_lse=False,
-              block_q=None, block_kv=None, threads=None, out=None, softcap=None):
+              block_q=None, block_kv=None, threads=None, out=None, softcap=None, sinks=None):
     """Exact softmax attention, grouped-query: each kv head serves G query heads.
 
     Args:
@@ -244,6 +296,11 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
       softcap: logit softcap c (Gemma 2): each logit ``s = scale * q . k`` becomes
         ``c * tanh(s / c)`` before the softmax; None or 0 is off, else a finite c > 0. The lse is
         that of the capped logits.
+      sinks: attention sinks (gpt-oss): one learned logit per query head, shape ``[K, G]`` or
+        ``[Hq]`` (query head ``h = k*G + g``), any float dtype and array kind (converted to
+        float32). Each row's softmax denominator gains ``exp(sink)`` with no value attached, and
+        the lse includes it; ``-inf`` is no sink for that head; NaN and ``+inf`` are errors.
+        Rows that see no key then give 0 and lse = the sink.
 
     Returns:
       ``out`` of q's shape, kind and dtype (or the given ``out``); with ``return_lse``, the pair
@@ -260,7 +317,8 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
         causal_offset=causal_offset, window=window,
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision, algo=algo,
-        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap)
+        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap,
+        sinks=_import_sinks(sinks, qi, ki))
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result
 
@@ -288,7 +346,7 @@ def _import_like_q(qi, obj, name, dtypes=None):
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, window=None,
                        cu_seqlens_q=None, cu_seqlens_k=None, scale=None, precision="bf16",
-                       block_q=None, block_kv=None, threads=None, softcap=None):
+                       block_q=None, block_kv=None, threads=None, softcap=None, sinks=None):
     """The gradients of :func:`attention`: ``(dq, dk, dv)`` of a loss L from ``dout = dL/dout``.
 
     FlashAttention-2's backward: the softmax weights P are recomputed from q, k and the forward's
@@ -312,10 +370,13 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
         accumulation (``D`` too) is float32. ``"f32"``: all operands stay float32.
       block_q, block_kv: the backward's q and KV blocks; None chooses.
       threads: worker threads; None uses all cores.
+      sinks: the forward's sinks (see :func:`attention`), when it had them.
 
     Returns:
       ``(dq, dk, dv)``: dq of q's shape, kind and dtype; dk and dv of k's shape, kind and dtype.
-      Rows that saw no key (lse ``-inf``) give zero dq rows and add nothing to dk and dv.
+      With ``sinks``, ``(dq, dk, dv, dsinks)``: dsinks of the sinks' shape, kind and dtype,
+      ``dsink = -sum_{b,t} exp(sink - lse) * rowsum(dout * out)`` (summed in float64).
+      Rows that saw no key give zero dq rows and add nothing to dk, dv and dsinks.
     """
     qi, ki, vi = _import_qkv(q, k, v)
     di = _import_like_q(qi, dout, "dout")
@@ -324,13 +385,17 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=N
     dq, dq_arg = _empty_like_kind(qi, qi.shape, qi.dtype)
     dk, dk_arg = _empty_like_kind(ki, ki.shape, ki.dtype)
     dv, dv_arg = _empty_like_kind(ki, ki.shape, ki.dtype)
+    sinks_arg = _import_sinks(sinks, qi, ki)
+    dsinks = None if sinks is None else np.empty_like(sinks_arg)
     _flashgqa.attention_backward(
         di.arg, qi.arg, ki.arg, vi.arg, oi.arg, li.arg, dq_arg, dk_arg, dv_arg,
         causal=bool(causal), causal_offset=causal_offset, window=window,
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision,
-        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap)
-    return _finish(qi, dq), _finish(ki, dk), _finish(ki, dv)
+        block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap, sinks=sinks_arg,
+        dsinks=dsinks)
+    grads = _finish(qi, dq), _finish(ki, dk), _finish(ki, dv)
+    return grads if sinks is None else grads + (_like_sinks(sinks, dsinks),)
 
 
 def linear_attention(q, k, v, *, causal=False, causal_offset=None, window=None, scale=None,

@@ -288,6 +288,25 @@ BackwardCall make_backward_call(nb::handle dout, nb::handle q, nb::handle k, nb:
 
 std::string repr_string(nb::handle h) { return nb::repr(h).c_str(); }
 
+// Options::sinks, or the backward's dsinks: None, or K*G float32 values in a 1-D contiguous array (the
+// front converts any float array of shape [K, G] or [Hq] to one), K and G from q's view. The array is
+// kept in `keep` until the call returns.
+template <typename Array>
+float* sinks_option(nb::handle obj, const char* name, const flashgqa::TensorView& q, Operand<Array>& keep) {
+  if (obj.is_none()) return nullptr;
+  keep = import_operand<Array>(obj, name);
+  const flashgqa::TensorView& t = keep.view;
+  const int64_t heads = q.rank == 5 ? q.shape[1] * q.shape[2] : -1;
+  if (t.rank != 1 || t.dtype != flashgqa::DType::f32 || (t.shape[0] > 1 && t.stride[0] != 1) ||
+      t.shape[0] != heads)
+    throw nb::value_error((std::string(name) + ": rank " + std::to_string(t.rank) + " " +
+                           flashgqa::dtype_name(t.dtype) + " array of " + std::to_string(t.numel()) +
+                           " values, expected a contiguous float32 array of K*G = " + std::to_string(heads) +
+                           " values")
+                              .c_str());
+  return static_cast<float*>(t.data);
+}
+
 // An integer option: None -> nullopt; a Python int or anything with __index__ (numpy integers),
 // but not bool, in the C++ type's range [min, max].
 std::optional<int64_t> int_option(nb::handle h, const char* name, int64_t min, int64_t max,
@@ -483,7 +502,8 @@ void run_interruptible(flashgqa::Options options, Call call) {
 void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                bool causal, nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
                nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision, nb::handle algo,
-               nb::handle block_q, nb::handle block_kv, nb::handle threads, nb::handle softcap) {
+               nb::handle block_q, nb::handle block_kv, nb::handle threads, nb::handle softcap,
+               nb::handle sinks) {
   const Call c = make_call(q, k, v, out, lse);
   if (!c.has_out) throw nb::type_error("out: None, expected a writable CPU array");
   flashgqa::Options o =
@@ -491,6 +511,8 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
   o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
   packing.apply(o);
+  Operand<InArray> sinks_operand;
+  o.sinks = sinks_option(sinks, "sinks", c.in.q.view, sinks_operand);
   run_interruptible(o, [&](const flashgqa::Options& opts) {
     if (c.has_lse)
       flashgqa::attention(c.out.view, c.lse.view, c.in.q.view, c.in.k.view, c.in.v.view, opts);
@@ -516,16 +538,24 @@ void attention_backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle 
                         nb::handle causal_offset, nb::handle window, nb::handle cu_seqlens_q,
                         nb::handle cu_seqlens_k, nb::handle scale, nb::handle precision,
                         nb::handle block_q, nb::handle block_kv, nb::handle threads,
-                        nb::handle softcap) {
+                        nb::handle softcap, nb::handle sinks, nb::handle dsinks) {
   const BackwardCall c = make_backward_call(dout, q, k, v, out, lse, dq, dk, dv);
   flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(),
                                      block_q, block_kv, threads);
   o.softcap = float_option(softcap, "softcap").value_or(0.0);  // None = off; the library checks it
   const Packing packing = import_packing(cu_seqlens_q, cu_seqlens_k);
   packing.apply(o);
+  Operand<InArray> sinks_operand;
+  Operand<OutArray> dsinks_operand;
+  o.sinks = sinks_option(sinks, "sinks", c.in.q.view, sinks_operand);
+  float* dsinks_data = sinks_option(dsinks, "dsinks", c.in.q.view, dsinks_operand);
   run_interruptible(o, [&](const flashgqa::Options& opts) {
-    flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
-                                 c.in.k.view, c.in.v.view, c.out.view, c.lse.view, opts);
+    if (dsinks_data != nullptr)
+      flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, dsinks_data, c.dout.view, c.in.q.view,
+                                   c.in.k.view, c.in.v.view, c.out.view, c.lse.view, opts);
+    else
+      flashgqa::attention_backward(c.dq.view, c.dk.view, c.dv.view, c.dout.view, c.in.q.view,
+                                   c.in.k.view, c.in.v.view, c.out.view, c.lse.view, opts);
   });
 }
 
@@ -598,9 +628,9 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("window").none(), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
         nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("algo").none(),
         nb::arg("block_q").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
-        nb::arg("softcap").none() = nb::none(),
+        nb::arg("softcap").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
         "Writes out (and lse, unless None) in place; q/out [B,K,G,T,H] or [B,Hq,T,H], k, v "
-        "[B,K,S,H]. uint16 arrays are read as bfloat16 bits.");
+        "[B,K,S,H]; sinks None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),
@@ -612,9 +642,10 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("scale").none(),
         nb::arg("precision").none(), nb::arg("block_q").none(), nb::arg("block_kv").none(),
         nb::arg("threads").none(), nb::arg("softcap").none() = nb::none(),
+        nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Writes dq (shaped like q), dk and dv (like k) in place from dout and the forward's q, k, "
-        "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]. uint16 arrays are read "
-        "as bfloat16 bits.");
+        "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]; sinks and dsinks (written, "
+        "needs sinks) None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
         "The views (data pointer, dtype, shape, strides in elements) attention() would pass to the "

@@ -38,6 +38,11 @@ N_D[r] = sum_j P N_dP (the absolute sums of the fp32 dot products).
   dk_jh: scale sum_r (det_S + rand_S + P (det_D + rand_D)) |q_rh|
          + gamma(G T) scale sum_r |dS| |q_rh|
   dv_jh: sum_r (rho + u_p + gamma(G T)) P |dout_rh|
+Sinks: P and lse are over the denominator with e^sink (error_bounds.Reference), lse_err gains
+w_sink (error_bounds.py), and the sinks' gradient dsink = -sum_{b,t} P_sink D_r, P_sink =
+exp(sink - lse), is bounded per term by P_sink (rho_s |D| + (1 + rho_s) E_D), rho_s =
+expm1(lse_err) (1 + u32) + 2 u32, E_D = det_D + rand_D; flashgqa sums it in float64 and stores it as
+float32 (u32).
 First order in the units. e_i, a side's bound, is the sum of its det and rand parts; n sides, each
 rounding its result to the output dtype (unit roundoff u_out, and spacing eta_out of its subnormals,
 which small gradients reach in float16):
@@ -101,8 +106,8 @@ class BackwardReference(Reference):
     """Exact (float64) gradients of q [B,K,G,T,H], k, v [B,K,S,H] for dout [B,K,G,T,H], and the
     sums their bounds need."""
 
-    def __init__(self, q, k, v, dout, scale, causal_offset=None, softcap=None, mask=None):
-        super().__init__(q, k, v, scale, causal_offset, softcap, mask)
+    def __init__(self, q, k, v, dout, scale, causal_offset=None, softcap=None, mask=None, sinks=None):
+        super().__init__(q, k, v, scale, causal_offset, softcap, mask, sinks)
         p = self.p
         dp = np.einsum("bkgth,bksh->bkgts", dout, v)
         x = dp - (p * dp).sum(axis=-1, keepdims=True)
@@ -114,6 +119,12 @@ class BackwardReference(Reference):
             "dk": scale * np.einsum("bkgts,bkgth->bksh", ds, q),
             "dv": np.einsum("bkgts,bkgth->bksh", p, dout),
         }
+        self.p_sink = None
+        if sinks is not None:  # dsink = -sum_{b,t} P_sink D
+            finite = np.isfinite(self.lse)[..., None]
+            self.p_sink = np.where(finite, np.exp(self.sink - np.where(finite, self.lse[..., None], 0)), 0)
+            self.d = (p * dp).sum(axis=-1, keepdims=True)  # [B,K,G,T,1]
+            self.grads["dsinks"] = -(self.p_sink * self.d).sum(axis=(0, 3, 4))  # [K, G]
         self.q, self.k, self.dout = q, k, dout
         self.abs_x, self.abs_dp = np.abs(x), np.abs(dp)
         self.n_dp = np.einsum("bkgth,bksh->bkgts", np.abs(dout), np.abs(v))
@@ -140,7 +151,7 @@ class BackwardReference(Reference):
         lse = np.where(np.isfinite(self.lse), np.abs(self.lse), 0.0)[..., None]
         delta = self.delta
         lse_err = (delta + 2 * EPS_EXP + 2 * gamma(S) + 2 * U32 * (lse + 1)
-                   + c * (EPS_EXP + U32))
+                   + c * (EPS_EXP + U32) + self.sink_error())
         rho = (np.expm1(2 * delta + lse_err + U32 * (self.A + lse)) + 2 * EPS_EXP
                + 2 * gamma(S) + 4 * U32)  # [B,K,G,T,1]
         det_d = ((rho + 2 * c * (EPS_EXP + U32)) * self.pdp_abs
@@ -176,8 +187,13 @@ class BackwardReference(Reference):
         rand_dq = s * (np.einsum("bkgts,bksh->bkgth", rand_s, abs_k) + rand_d * d_weight)
         rand_dk = s * np.einsum("bkgts,bkgth->bksh", rand_s + p * rand_d, abs_q)
         rand_dv = side.u_p * self.abs_sum["dv"]
-        return {"dq": (e_dq, e_dq - rand_dq, var_dq), "dk": (e_dk, e_dk - rand_dk, var_dk),
-                "dv": (e_dv, e_dv - rand_dv, var_dv)}
+        result = {"dq": (e_dq, e_dq - rand_dq, var_dq), "dk": (e_dk, e_dk - rand_dk, var_dk),
+                  "dv": (e_dv, e_dv - rand_dv, var_dv)}
+        if self.p_sink is not None:
+            rho_s = np.expm1(lse_err) * (1 + U32) + 2 * U32
+            e_ds = (self.p_sink * (rho_s * np.abs(self.d) + (1 + rho_s) * (det_d + rand_d))).sum(axis=(0, 3, 4))
+            result["dsinks"] = (e_ds, e_ds, 0.0 * e_ds)
+        return result
 
     def bounds(self, sides, dtype):
         """{"dq"|"dk"|"dv": (max bound per element, mean bound)} for the sides compared, each
@@ -189,6 +205,9 @@ class BackwardReference(Reference):
             e = sum(b[g][0] for b in per_side)
             det = sum(b[g][1] for b in per_side)
             sigma = np.sqrt(sum(b[g][2] for b in per_side))
-            rounding = u_out * (n * np.abs(exact) + e) + n * eta_out / 2
+            if g == "dsinks":  # float64 sums stored as float32, whatever the gradients' dtype
+                rounding = U32 * (n * np.abs(exact) + e)
+            else:
+                rounding = u_out * (n * np.abs(exact) + e) + n * eta_out / 2
             result[g] = (e + rounding, float(np.mean(4 * sigma + det + rounding)))
         return result

@@ -31,6 +31,11 @@ Softmax attention, per query row, with A = max_j |scale| sum_h |q_h k_jh| over t
   and the output rounding).
   lse (one side against the reference): |lse - lse_ref| <= delta + 2 eps_exp + 2 gamma(S)
                                                           + 2 u32 (|lse_ref| + 1)
+Sinks (gpt-oss; src/reference/tolerance.hpp): the denominator gains the exact e^sink with no value,
+  p_j are over that larger denominator, and each side's w_rel and the lse bound gain
+  w_sink = eps_exp + u32 (2 A + 3 ln(S + 1) + |sink| + 3) for a finite sink (0 for -inf): the row
+  end's one rescale factor, whose exponent m - sink is rounded (m the row max, or the naive rung's
+  lse of the keys), and its products and sum.
 Linear attention (weights w_j = scale q.k_j, a_j = |scale| sum_h |q_h k_jh|), per side:
   e_i = (gamma(H) + 2 u32)(1 + u_p_i) sum_j a_j |v_jh| + (u_p_i + gamma(S)) sum_j |w_j v_jh|
   (the logit error, carried through the rounding to u_p; the rounding itself; the fp32 P.V sum);
@@ -88,9 +93,14 @@ def _visible(T, S, causal_offset):
 class Reference:
     """Exact (float64) attention of q [B,K,G,T,H], k, v [B,K,S,H] and the sums the bounds need."""
 
-    def __init__(self, q, k, v, scale, causal_offset=None, softcap=None, mask=None):
-        """mask: [T, S] bool of the keys each query sees, in place of causal_offset."""
+    def __init__(self, q, k, v, scale, causal_offset=None, softcap=None, mask=None, sinks=None):
+        """mask: [T, S] bool of the keys each query sees, in place of causal_offset.
+        sinks: None or float64 [K, G] sink logits (each a denominator term e^sink, no value)."""
         self.T, self.S, self.H = q.shape[3], k.shape[2], q.shape[4]
+        K, G = q.shape[1], q.shape[2]
+        sink = (np.full((1, K, G, 1, 1), -np.inf) if sinks is None
+                else np.asarray(sinks, dtype=np.float64).reshape(1, K, G, 1, 1))
+        self.sink = sink
         vis = mask if mask is not None else _visible(self.T, self.S, causal_offset)
         logits = scale * np.einsum("bkgth,bksh->bkgts", q, k)
         absdot = abs(scale) * np.einsum("bkgth,bksh->bkgts", np.abs(q), np.abs(k))
@@ -102,10 +112,10 @@ class Reference:
             logits = self.softcap * self.tanh
             self.delta = self.delta + (EPS_TANH + 3 * U32) * np.minimum(self.A, self.softcap)
         masked = np.where(vis, logits, -np.inf)
-        m = masked.max(axis=-1, keepdims=True)
+        m = np.maximum(masked.max(axis=-1, keepdims=True, initial=-np.inf), sink)
         m = np.where(np.isfinite(m), m, 0.0)
         ex = np.where(vis, np.exp(masked - m), 0.0)
-        den = ex.sum(axis=-1, keepdims=True)
+        den = ex.sum(axis=-1, keepdims=True) + np.exp(sink - m)
         p = np.divide(ex, den, out=np.zeros_like(ex), where=den > 0)
         self.scale, self.p = scale, p  # [B,K,G,T,S] weights, 0 for keys a query does not see
         self.out = np.einsum("bkgts,bksh->bkgth", p, v)
@@ -120,6 +130,12 @@ class Reference:
         self.linear_wv = np.einsum("bkgts,bksh->bkgth", np.abs(w), np.abs(v))
         self.linear_wv_rms = np.sqrt(np.einsum("bkgts,bksh->bkgth", w**2, v**2))
 
+    def sink_error(self):
+        """w_sink per row [B,K,G,T,1]: 0 where the sink is -inf (none)."""
+        finite = np.isfinite(self.sink)
+        sink = np.where(finite, np.abs(self.sink), 0)
+        return np.where(finite, EPS_EXP + U32 * (2 * self.A + 3 * math.log(self.S + 1) + sink + 3), 0.0)
+
     def softmax_bounds(self, sides, u_out):
         """(max bound per element, mean bound) for sides = [(u_p, corrections), ...]."""
         S = self.S
@@ -128,7 +144,7 @@ class Reference:
         u_p_sq = 0.0
         for u_p, corrections in sides:
             w_rel = (np.expm1(2 * delta) + 2 * EPS_EXP + u_p + 2 * gamma(S) + 2 * U32
-                     + 2 * corrections * (EPS_EXP + U32))
+                     + 2 * corrections * (EPS_EXP + U32) + self.sink_error())
             e = e + (w_rel + gamma(S)) * self.pv_abs
             u_p_sq += u_p**2
         n = len(sides)
@@ -142,7 +158,8 @@ class Reference:
     def lse_bound(self):
         delta = self.delta[..., 0]
         finite = np.where(np.isfinite(self.lse), np.abs(self.lse), 0.0)
-        return delta + 2 * EPS_EXP + 2 * gamma(self.S) + 2 * U32 * (finite + 1.0)
+        return (delta + 2 * EPS_EXP + 2 * gamma(self.S) + 2 * U32 * (finite + 1.0)
+                + self.sink_error()[..., 0])
 
     def linear_bounds(self, sides_u_p, u_out):
         """(max bound per element, mean bound) for linear attention, sides_u_p = [u_p, ...]."""

@@ -3,7 +3,9 @@
 // src/study/tune_cache.hpp).
 #include "flashgqa/flashgqa.hpp"
 #include "backward/flash_backward.hpp"
+#include "backward/sink_gradient.hpp"
 #include "core/backward_problem.hpp"
+#include "core/error_text.hpp"
 #include "ladder/ladder.hpp"
 
 namespace flashgqa {
@@ -31,6 +33,16 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         const TensorView& v, const TensorView& out, const TensorView& lse,
                         const Options& options) {
   flash_backward(make_backward_problem(dq, dk, dv, dout, q, k, v, out, lse, options), active_isa());
+}
+
+void attention_backward(const TensorView& dq, const TensorView& dk, const TensorView& dv, float* dsinks,
+                        const TensorView& dout, const TensorView& q, const TensorView& k,
+                        const TensorView& v, const TensorView& out, const TensorView& lse,
+                        const Options& options) {
+  if (dsinks == nullptr) fail("dsinks: null pointer, expected K*G floats to write the sinks' gradient");
+  const BackwardProblem p = make_backward_problem(dq, dk, dv, dout, q, k, v, out, lse, options, dsinks);
+  flash_backward(p, active_isa());
+  sink_gradient(p);
 }
 
 void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,

@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,6 +147,21 @@ TEST(Property, EveryCallMatchesTheReferenceOrThrowsError) {
     const int threads[] = {0, 1, 2, 3, 1'000'000, -1};
     o.threads = threads[rng() % std::size(threads)];
     const bool with_lse = rng() % 2;
+    // Sinks on half of the calls, from their own generator (the draws above stay as they were), in
+    // guarded memory of exactly K*G floats: normal(0, 3), -inf, far above the logits, or a NaN (Error).
+    std::mt19937_64 sink_rng(static_cast<std::uint64_t>(trial));
+    GuardedBuffer sinks(static_cast<std::size_t>(K * G) * sizeof(float));
+    if (sink_rng() % 2) {
+      std::normal_distribution<float> normal(0.0f, 3.0f);
+      float* s = reinterpret_cast<float*>(sinks.data());
+      for (std::int64_t i = 0; i < K * G; ++i) {
+        const std::uint64_t kind = sink_rng() % 8;
+        s[i] = kind == 0 ? -std::numeric_limits<float>::infinity() : kind == 1 ? 60.0f : normal(sink_rng);
+      }
+      if (K * G > 0 && sink_rng() % 16 == 0) s[sink_rng() % static_cast<std::uint64_t>(K * G)] = std::nanf("");
+      o.sinks = s;
+      change += " +sinks";
+    }
     try {
       if (with_lse)
         attention(out.view, lse.view, q.view, k.view, v.view, o);

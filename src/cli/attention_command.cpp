@@ -10,6 +10,7 @@
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
+#include "core/dtype.hpp"
 #include "core/problem.hpp"
 #include "io/npy.hpp"
 #include "kernels/cpu_features.hpp"
@@ -33,6 +34,7 @@ const std::vector<FlagSpec> kFlags = {
     {"causal", false},         {"causal-offset"},            {"window"},   {"scale"},    {"precision"},
     {"threads"}, {"block-q"},  {"block-kv"},  {"repeat"},    {"kv-heads"}, {"check", false}, {"isa"},
     {"softcap"},
+    {"sinks"},
 };
 
 // The help text; the dtype, algorithm and precision names come from the library's tables.
@@ -58,6 +60,9 @@ std::string help_text() {
     "  --scale X            logit scale (default 1/sqrt(H))\n"
     "  --softcap C          logit softcap (Gemma 2): logits s become C*tanh(s/C) before the\n"
     "                       softmax (default 0 = off)\n"
+    "  --sinks FILE         attention sinks (gpt-oss): one logit per query head, [K,G] or [K*G]\n"
+    "                       (" + join_names(kDTypeNames) + "); each row's softmax denominator gains\n"
+    "                       exp(sink), with no value, and so does the lse; -inf is no sink\n"
     "  --precision P        " + join_names(kPrecisionNames, " | ", " | ") + " (default " +
     precision_name(Options{}.precision) + "); bf16: q, k, v and the softmax weights enter\n"
     "                       the matmuls rounded to bfloat16, fp32 accumulation\n"
@@ -87,6 +92,19 @@ TensorView kv_view(NpyArray& a, const std::string& flag, const std::string& path
     throw Error(flag + " " + path + ": rank " + std::to_string(a.shape.size()) + " shape " +
                 shape_string(a.shape) + ", expected rank 4 [B,K,S,H]");
   return a.view();
+}
+
+// The sinks of --sinks as K*G floats (query head k*G + g): a [K,G] or [K*G] array of any dtype.
+std::vector<float> read_sinks(const std::string& path, std::int64_t K, std::int64_t G) {
+  NpyArray a = read_npy(path);
+  const bool fits = (a.shape.size() == 2 && a.shape[0] == K && a.shape[1] == G) ||
+                    (a.shape.size() == 1 && a.shape[0] == K * G);
+  if (!fits)
+    throw Error("--sinks " + path + ": shape " + shape_string(a.shape) + ", expected [K,G] = [" +
+                std::to_string(K) + "," + std::to_string(G) + "] or [K*G] = [" + std::to_string(K * G) + "]");
+  std::vector<float> sinks(static_cast<std::size_t>(K * G));
+  for (std::int64_t i = 0; i < K * G; ++i) sinks[static_cast<std::size_t>(i)] = load_element(a.data.data(), a.dtype, i);
+  return sinks;
 }
 
 // A view of q as [B,K,G,T,H]: q is 5-D, or 4-D [B,K*G,T,H] split into kv_heads x G (split_heads).
@@ -154,7 +172,7 @@ int attention_command(const std::vector<std::string>& words) {
   const std::string q_path = args.required("q"), k_path = args.required("k"),
                     v_path = args.required("v"), out_path = args.required("out");
   const std::optional<std::string> lse_path = args.optional("lse");
-  const Options options = parse_options(args);
+  Options options = parse_options(args);
   if (const auto isa = args.optional("isa")) set_isa(*isa);
   const std::int64_t repeat = args.integer("repeat", 0, 1, kMaxRepeat);
   std::optional<std::int64_t> kv_heads;
@@ -165,6 +183,11 @@ int attention_command(const std::vector<std::string>& words) {
   const TensorView kv = kv_view(k, "--k", k_path), vv = kv_view(v, "--v", v_path);
   const std::int64_t B = qv.shape[0], K = qv.shape[1], G = qv.shape[2], T = qv.shape[3],
                      H = qv.shape[4], S = kv.shape[2];
+  std::vector<float> sinks;
+  if (const auto sinks_path = args.optional("sinks")) {
+    sinks = read_sinks(*sinks_path, K, G);
+    options.sinks = sinks.data();
+  }
   // Everything is checked before anything is allocated or computed: the inputs (the library's own
   // messages), then that the outputs can be written.
   check_inputs(qv, kv, vv, options);

@@ -256,13 +256,15 @@ unset XDG_CACHE_HOME FLASHGQA_TUNE_CACHE
 
 # Validation before allocation: a q.npy of [1,1,1,2^28,0] (no data, H = 0) must be rejected before the
 # 1 GiB lse is allocated (under a 400 MB address-space limit where the sanitizers allow one).
-# npy_empty PATH SHAPE: a float32 .npy with no elements (header only), SHAPE as in "1, 2, 0".
-npy_empty() {
+# npy_f32 PATH SHAPE [BYTES]: a float32 .npy, SHAPE as in "1, 2, 0", its data the printf escapes BYTES
+# (little-endian); npy_empty PATH SHAPE: one with no elements (header only).
+npy_f32() {
   local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($2), }"
   local len=$(((10 + ${#dict} + 1 + 63) / 64 * 64 - 10))
   { printf '\x93NUMPY\x01\x00'; printf "\\x$(printf %02x $((len % 256)))\\x$(printf %02x $((len / 256)))";
-    printf '%s' "$dict"; printf "%$((len - ${#dict} - 1))s\n" ""; } >"$1"
+    printf '%s' "$dict"; printf "%$((len - ${#dict} - 1))s\n" ""; printf "${3:-}"; } >"$1"
 }
+npy_empty() { npy_f32 "$1" "$2"; }
 npy_empty "$work/hq.npy" "1, 1, 1, 268435456, 0"
 npy_empty "$work/hk.npy" "1, 1, 5, 0"
 huge=(attention --q "$work/hq.npy" --k "$work/hk.npy" --v "$work/hk.npy" --out "$work/ho.npy" --lse "$work/hl.npy")
@@ -277,6 +279,24 @@ expect_error "bad --lse fails first" "cannot open for writing" "${run[@]}" atten
   --out "$work/o_early.npy" --lse "$work/missing/l.npy"
 [[ ! -e $work/o_early.npy ]] && pass || fail "bad --lse: --out was written before the error"
 expect_error "--out is a folder" "is a directory" "${run[@]}" attention --q "$b/q.npy" --k "$b/k.npy" --v "$b/v.npy" --out "$work"
+
+# --- attention sinks (--sinks): [K,G] or [K*G] float32, one logit per query head (K = 2, G = 3 here) --
+sinks6='\x00\x00\x00\x3f\x00\x00\x80\xbf\x00\x00\x00\x40\x00\x00\x80\xff\x00\x00\x00\x00\x00\x00\x80\x3f'
+npy_f32 "$work/sinks.npy" "2, 3" "$sinks6"    # 0.5 -1 2 -inf 0 1
+npy_f32 "$work/sinks6.npy" "6," "$sinks6"
+npy_f32 "$work/sinks_nan.npy" "6," '\x00\x00\xc0\x7f'"${sinks6:16}"
+for algo in flash naive chunked-unstable; do
+  expect_check "sinks $algo" "${run[@]}" attention "${inputs[@]}" --out "$d/o.npy" --lse "$d/lse.npy" --algo "$algo" \
+    --causal --causal-offset -3 --sinks "$work/sinks.npy" --check
+done
+expect_check "sinks [K*G]" "${run[@]}" attention "${inputs[@]}" --out "$d/o_s6.npy" --sinks "$work/sinks6.npy" --check
+expect_ok "sinks [K,G]" "${run[@]}" attention "${inputs[@]}" --out "$d/o_s.npy" --sinks "$work/sinks.npy"
+if cmp -s "$d/o_s.npy" "$d/o_s6.npy"; then pass; else fail "--sinks [K,G] and [K*G] differ"; fi
+if cmp -s "$d/o_s.npy" "$d/o_default.npy"; then fail "--sinks changed nothing"; else pass; fi
+expect_error "sinks bad shape" "expected [K,G] = [2,3] or [K*G] = [6]" "${run[@]}" attention "${inputs[@]}" \
+  --out "$d/o.npy" --sinks "$work/hk.npy"
+expect_error "sinks NaN" "sinks: head 0 (k 0, g 0) has sink nan" "${run[@]}" attention "${inputs[@]}" \
+  --out "$d/o.npy" --sinks "$work/sinks_nan.npy"
 
 echo "cli_test: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -12,7 +12,9 @@
 //   dv_j    = sum_{g,t} P[t,j] dout_t
 // Under Precision::bf16 the matmul operands are rounded to bfloat16: q, k, v and dout as read, P before
 // dv, dS before dq and dk; every accumulation (and D) is fp32. A row with lse = -inf (it saw no key)
-// has P = 0 and so zero gradients.
+// has P = 0 and so zero gradients. With sinks the saved lse includes e^sink, so P, dS and the three
+// gradients above need nothing else; the sinks' own gradient is
+//   dsink[k,g] = -sum_{b,t} exp(sink - lse_t) D_t          (dP/dsink = -P P_sink, summed with dP)
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,8 @@ struct BackwardProblem {
   void* dv = nullptr;
   DType dv_dtype = DType::f32;
   std::int64_t dv_stride[3] = {};
+  // The sinks' gradient [K*G] (fwd.sinks' layout), written when not null (backward/sink_gradient.hpp).
+  float* dsinks = nullptr;
 
   const void* dout_row(std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t) const {
     return static_cast<const char*>(dout) +
@@ -66,10 +70,11 @@ struct BackwardProblem {
 
 // Validates the views and options (as make_problem does for the forward: q, k, v, out, lse like the
 // forward's; dout like out; dq like q; dk, dv like k; the gradients writable, distinct elements, not
-// overlapping each other or any input). Throws Error naming the argument.
+// overlapping each other or any input; dsinks, when not null, needs Options::sinks and overlaps
+// nothing). Throws Error naming the argument.
 BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                       const TensorView& dout, const TensorView& q, const TensorView& k,
                                       const TensorView& v, const TensorView& out, const TensorView& lse,
-                                      const Options& options);
+                                      const Options& options, float* dsinks = nullptr);
 
 }  // namespace flashgqa

@@ -11,7 +11,9 @@
 namespace flashgqa {
 
 // out[b,kh,g,t,:] = acc / l in out's dtype (acc is overwritten), lse = m + log l. A row with l == 0
-// (it saw no key, or every logit it saw was -inf) gets 0 and lse -inf.
+// (it saw no key, or every logit it saw was -inf) gets 0 and lse -inf. With Problem::sinks the
+// denominator gains e^sink of the row's head (out = acc e^m / (l e^m + e^sink)), and a row with l == 0
+// gets 0 and lse = sink. acc and l are in units of e^m (m = 0 for an unshifted sum).
 void finish_row(const Problem& p, std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t, float* acc,
                 float m, float l);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <string>
 #include <tuple>
@@ -142,6 +143,15 @@ void check_blocks(Algorithm algorithm, std::int64_t block_q, std::int64_t block_
        ", expected " + join_names(kAlgorithmNames));
 }
 
+// Options::sinks: K*G logits, each finite or -inf (no sink for that head).
+void check_sinks(const float* sinks, std::int64_t K, std::int64_t G) {
+  if (sinks == nullptr) return;
+  for (std::int64_t h = 0; h < K * G; ++h)
+    if (std::isnan(sinks[h]) || sinks[h] == std::numeric_limits<float>::infinity())
+      fail("sinks: head " + std::to_string(h) + " (k " + std::to_string(h / G) + ", g " + std::to_string(h % G) +
+           ") has sink " + std::to_string(sinks[h]) + ", expected a finite number or -inf (no sink)");
+}
+
 // Options::cu_seqlens_q/k: n + 1 non-decreasing offsets from 0 to T (to S), on a B = 1 problem.
 void check_sequences(const Options& o, std::int64_t B, std::int64_t T, std::int64_t S) {
   const std::int64_t n = o.num_sequences;
@@ -214,6 +224,7 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
          ", expected 0 (off) or a finite number >= 2^-126 (a normal float)");
   check_blocks(options.algorithm, options.block_q, options.block_kv);
   resolve_threads(options.threads);
+  check_sinks(options.sinks, K, G);
   if (options.window_left < -1 || options.window_right < -1)
     fail("window: (" + std::to_string(options.window_left) + ", " + std::to_string(options.window_right) +
          "), expected each side >= 0, or -1 for unbounded");
@@ -290,13 +301,14 @@ Problem make_problem(const TensorView& out, const TensorView* lse, const TensorV
   p.block_kv = options.block_kv;
   p.threads = resolve_threads(options.threads);
   p.interrupt = options.interrupt;
+  p.sinks = options.sinks;
   return p;
 }
 
 BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk, const TensorView& dv,
                                       const TensorView& dout, const TensorView& q, const TensorView& k,
                                       const TensorView& v, const TensorView& out, const TensorView& lse,
-                                      const Options& options) {
+                                      const Options& options, float* dsinks) {
   BackwardProblem p;
   p.fwd = make_problem(out, &lse, q, k, v, options);  // q, k, v, out, lse as the forward's
   const std::pair<const TensorView*, const char*> like_q[] = {{&dout, "dout"}, {&dq, "dq"}};
@@ -339,6 +351,22 @@ BackwardProblem make_backward_problem(const TensorView& dq, const TensorView& dk
   p.dv = dv.data;
   p.dv_dtype = dv.dtype;
   copy_strides(p.dv_stride, dv, 3);
+  if (dsinks != nullptr) {
+    if (options.sinks == nullptr)
+      fail("dsinks: given without Options::sinks, expected the forward's sinks (dsinks is their gradient)");
+    const auto begin = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(dsinks));
+    const std::int64_t heads = p.fwd.K * p.fwd.G;
+    const Extent ed{begin, begin + heads * static_cast<std::int64_t>(sizeof(float))};
+    const auto sb = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(options.sinks));
+    const Extent es{sb, sb + heads * static_cast<std::int64_t>(sizeof(float))};
+    for (const auto& [e, name] : {std::pair<const Extent*, const char*>{&written[0], "dq"}, {&written[1], "dk"}, {&written[2], "dv"},
+                                  {&es, "sinks"}})
+      if (overlaps(ed, *e)) fail(std::string("dsinks: memory overlaps ") + name + ", expected a separate buffer");
+    for (int j = 0; j < 6; ++j)
+      if (overlaps(ed, inputs[j]))
+        fail(std::string("dsinks: memory overlaps ") + input_names[j] + ", expected a separate buffer");
+    p.dsinks = dsinks;
+  }
   return p;
 }
 

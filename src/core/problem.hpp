@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "flashgqa/flashgqa.hpp"
@@ -66,6 +67,8 @@ struct Problem {
   std::int64_t block_kv = 0;  // 0 = automatic
   int threads = 1;            // resolved: >= 1
   const std::atomic<bool>* interrupt = nullptr;  // Options::interrupt
+  // Options::sinks: K*G sink logits (sinks[kh*G + g]), or null; validated (no NaN, no +inf).
+  const float* sinks = nullptr;
 
   // Throws Interrupted once the caller's interrupt flag is set (cheap: one relaxed load).
   void check_interrupt() const {
@@ -91,6 +94,10 @@ struct Problem {
   const void* v_row(std::int64_t b, std::int64_t kh, std::int64_t s) const {
     return static_cast<const char*>(v) + (b * v_stride[0] + kh * v_stride[1] + s * v_stride[2]) *
                                              static_cast<std::int64_t>(dtype_size(v_dtype));
+  }
+  // The sink logit of query head (kh, g); -inf (no sink) without Options::sinks.
+  float sink(std::int64_t kh, std::int64_t g) const {
+    return sinks != nullptr ? sinks[kh * G + g] : -std::numeric_limits<float>::infinity();
   }
   float* lse_at(std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t) const {
     return lse + b * lse_stride[0] + kh * lse_stride[1] + g * lse_stride[2] + t * lse_stride[3];

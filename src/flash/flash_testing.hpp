@@ -3,6 +3,8 @@
 // its output and lse for bitwise comparisons.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +36,17 @@ inline std::vector<float> run_flash_values(const Shape& shape, const Options& o,
   AttentionCase c = make_case(shape, dtype, DType::f32, layout, 17);
   flash_attention(flash_problem(c, o), isa);
   return c.out_and_lse_values();
+}
+
+// The fast path on `isa` gives the same out and lse bits with 1, 2 and 3 threads (o.threads is set).
+inline void expect_same_bits_for_thread_counts(const Shape& shape, Options o, Isa isa) {
+  std::vector<float> results[3];
+  for (int threads : {1, 2, 3}) {
+    o.threads = threads;
+    results[threads - 1] = run_flash_values(shape, o, isa);
+  }
+  EXPECT_TRUE(bitwise_equal(results[0], results[1])) << to_string(shape);
+  EXPECT_TRUE(bitwise_equal(results[0], results[2])) << to_string(shape);
 }
 
 // Sliding windows (Options::window_left, window_right; -1 unbounded) that cut blocks at both ends, with

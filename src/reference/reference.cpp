@@ -134,16 +134,22 @@ ReferenceResult reference_attention(const Problem& p) {
   std::vector<double> l, a;
   for_each_query(p, r, [&](const HeadOperands& ops, std::int64_t t, std::int64_t row) {
     const KeyRange keys = p.visible_keys(t);
-    if (keys.empty()) return;  // sees no key: output 0, lse -inf
+    // The sink logit of the row's head (-inf: none): one more term of the denominator, with no value.
+    const std::int64_t head = row / p.T % (p.K * p.G);
+    const double sink = p.sink(head / p.G, head % p.G);
+    if (keys.empty()) {  // sees no key: output 0, lse = log e^sink (-inf without a sink)
+      r.lse[static_cast<std::size_t>(row)] = sink;
+      return;
+    }
     logits(p, ops, keys, l, a);
     r.abs_logit[static_cast<std::size_t>(row)] = max_of(a);
-    // Pass 1: the max (a NaN logit is skipped here and poisons pass 2).
-    double m = -std::numeric_limits<double>::infinity();
+    // Pass 1: the max over the logits and the sink (a NaN logit is skipped here and poisons pass 2).
+    double m = sink;
     for (double x : l)
       if (x > m) m = x;
     const double base = std::isinf(m) && m < 0 ? 0.0 : m;
     // Pass 2: the denominator.
-    double sum = 0.0;
+    double sum = std::exp(sink - base);
     for (double x : l) sum += std::exp(x - base);
     // Pass 3: the normalised weights.
     for (double& x : l) x = std::exp(x - base) / sum;

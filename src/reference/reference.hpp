@@ -16,7 +16,8 @@ namespace flashgqa {
 struct ReferenceResult {
   std::int64_t B = 0, K = 0, G = 0, T = 0, H = 0;
   std::vector<double> out;        // [B,K,G,T,H] contiguous
-  std::vector<double> lse;        // [B,K,G,T]: log sum_j exp(l_j) over visible keys; -inf if none
+  std::vector<double> lse;        // [B,K,G,T]: log sum_j exp(l_j) over visible keys (+ e^sink with sinks);
+                                  // -inf if none (the sink with sinks)
   std::vector<double> abs_pv;     // [B,K,G,T,H]: sum_j |w_j| |v_jh| (w the softmax or linear weights)
   std::vector<double> sq_pv;      // [B,K,G,T,H]: sqrt(sum_j (w_j v_jh)^2)
   std::vector<double> abs_logit;  // [B,K,G,T]: max_j |scale| sum_h |q_h k_jh|

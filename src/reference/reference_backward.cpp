@@ -30,6 +30,8 @@ ReferenceGradients allocate(const BackwardProblem& p) {
   for (auto* x : {&r.dq, &r.dq_abs, &r.dq_sq, &r.dq_err}) x->assign(q_elems, 0.0);
   for (auto* x : {&r.dk, &r.dk_abs, &r.dk_sq, &r.dk_err, &r.dv, &r.dv_abs, &r.dv_sq, &r.dv_err})
     x->assign(kv_elems, 0.0);
+  if (f.sinks != nullptr)
+    for (auto* x : {&r.dsinks, &r.dsinks_abs, &r.dsinks_err}) x->assign(static_cast<std::size_t>(f.K * f.G), 0.0);
   r.lse.assign(rows, -std::numeric_limits<double>::infinity());
   r.d.assign(rows, 0.0);
   return r;
@@ -48,7 +50,7 @@ struct RowSoftmax {
 };
 
 void row_softmax(RowSoftmax& r, const Problem& f, const double* q, const double* dout, const double* k,
-                 const double* v, KeyRange keys) {
+                 const double* v, KeyRange keys, double sink) {
   const std::int64_t n = keys.size(), H = f.H;
   const double scale = f.scale;
   r.p.assign(static_cast<std::size_t>(n), 0.0);
@@ -82,13 +84,14 @@ void row_softmax(RowSoftmax& r, const Problem& f, const double* q, const double*
     r.v_abs[u] = abs_dp;
     r.a_max = std::max(r.a_max, r.a[u]);
   }
-  // Pass 1: the max (a NaN logit is skipped here and poisons pass 2).
-  double m = -std::numeric_limits<double>::infinity();
+  // Pass 1: the max over the logits and the sink (-inf: none; a NaN logit is skipped here and poisons
+  // pass 2).
+  double m = sink;
   for (double x : r.p)
     if (x > m) m = x;
   const double base = std::isinf(m) && m < 0 ? 0.0 : m;
-  // Pass 2: the denominator.
-  double sum = 0.0;
+  // Pass 2: the denominator, with the sink's term (no value attached).
+  double sum = std::exp(sink - base);
   for (double x : r.p) sum += std::exp(x - base);
   // Pass 3: the normalised weights; D = sum_j P dP; out and sum_j P |v_j| for the forward's bound.
   r.d = 0.0;
@@ -143,16 +146,27 @@ ReferenceGradients reference_attention_backward(const BackwardProblem& p) {
       for (std::int64_t g = 0; g < f.G; ++g)
         for (std::int64_t t = 0; t < f.T; ++t) {
           const KeyRange keys = f.visible_keys(t);
-          if (keys.empty()) continue;  // sees no key: zero gradients, nothing added to dk, dv
+          const double sink = f.sink(kh, g);
+          const auto ri = static_cast<std::size_t>(r.row(b, kh, g, t));
+          if (keys.empty()) {  // sees no key: zero gradients, nothing added to dk, dv (out = 0: nor dsinks)
+            r.lse[ri] = sink;
+            continue;
+          }
           load_operand_row(q.data(), f.q_row(b, kh, g, t), f.q_dtype, H, f.precision);
           load_operand_row(dout.data(), p.dout_row(b, kh, g, t), p.dout_dtype, H, f.precision);
-          row_softmax(row, f, q.data(), dout.data(), k.data(), v.data(), keys);
-          const auto ri = static_cast<std::size_t>(r.row(b, kh, g, t));
+          row_softmax(row, f, q.data(), dout.data(), k.data(), v.data(), keys, sink);
           r.lse[ri] = row.lse;
           r.d[ri] = row.d;
           const Underflow z = backward_underflow(p, max_abs(q.data(), H), max_k, max_v, max_abs(dout.data(), H));
-          const BackwardRowBudget budget = backward_row_budget(p, row.a_max, row.lse, dout.data(), row.out.data(),
-                                                               row.abs_pv.data(), z);
+          const BackwardRowBudget budget = backward_row_budget(p, row.a_max, sink, row.lse, dout.data(),
+                                                               row.out.data(), row.abs_pv.data(), z);
+          if (f.sinks != nullptr) {  // dsink -= P_sink D, with its budget (tolerance_backward.hpp)
+            const auto hi = static_cast<std::size_t>(kh * f.G + g);
+            const double p_sink = std::exp(sink - row.lse);
+            r.dsinks[hi] -= p_sink * row.d;
+            r.dsinks_abs[hi] += p_sink * std::fabs(row.d);
+            r.dsinks_err[hi] += backward_sink_term_error(budget, p_sink, row.d);
+          }
           for (std::int64_t i = 0; i < keys.size(); ++i) {
             const auto u = static_cast<std::size_t>(i);
             const std::int64_t j = keys.begin + i;

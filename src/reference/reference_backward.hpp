@@ -6,7 +6,9 @@
 //   P[t,j]  = softmax_j(scale q_t.k_j)          dP[t,j] = dout_t . v_j         D_t = sum_j P dP
 //   dS[t,j] = P (dP - D_t)    dq_t = scale sum_j dS k_j    dk_j = scale sum_{g,t} dS q_t
 //   dv_j    = sum_{g,t} P dout_t                 (dk, dv summed over the G query heads of the kv head)
-// A row that sees no key has zero gradients and adds nothing to dk, dv. p.dq, p.dk, p.dv, p.fwd.out and
+// A row that sees no key has zero gradients and adds nothing to dk, dv (nor to dsinks: its out is 0).
+// With sinks (Problem::sinks) each softmax's denominator holds e^sink, with no value, and the reference
+// also returns the sinks' gradient. p.dq, p.dk, p.dv, p.fwd.out and
 // p.fwd.lse are not read.
 //
 // Besides the gradients it returns the magnitudes tolerance_backward.hpp derives its bounds from: for
@@ -29,6 +31,9 @@ struct ReferenceGradients {
   std::vector<double> dv;  // [B,K,S,H] contiguous
   std::vector<double> lse;  // [B,K,G,T]: log sum_j exp(scale q.k_j) over visible keys; -inf if none
   std::vector<double> d;    // [B,K,G,T]: D_t = sum_j P dP (0 for a row that sees no key)
+  // With sinks, [K*G]: dsink = -sum_{b,t} exp(sink - lse_t) D_t, the sum of |terms| and of their budgets
+  // (tolerance_backward.hpp); empty without sinks.
+  std::vector<double> dsinks, dsinks_abs, dsinks_err;
 
   // Per gradient element, in that gradient's layout (x the gradient, x = sum_i term_i):
   //   *_abs = sum_i |term_i|, *_sq = sqrt(sum_i term_i^2), *_err = sum_i (budget of term_i)

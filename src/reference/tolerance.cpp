@@ -51,21 +51,29 @@ double forward_logit_error(const Problem& p, double abs_logit, const Underflow& 
   return delta + (kTanhMaxRelError + 3 * kU32) * std::min(abs_logit, static_cast<double>(p.softcap));
 }
 
-double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, const Underflow& z) {
+double forward_sink_error(const Problem& p, double abs_logit, double sink) {
+  if (std::isinf(sink) && sink < 0) return 0.0;  // no sink: the row's end is the plain one
+  const double log_s = std::log(static_cast<double>(p.S) + 1);
+  return kExpRelError + kU32 * (2 * abs_logit + 3 * log_s + std::fabs(sink) + 3);
+}
+
+double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, double sink,
+                                const Underflow& z) {
   const double rescales = 2.0 * static_cast<double>(sums.rescales) * (kExpRelError + kU32);
   return std::expm1(2 * forward_logit_error(p, abs_logit, z)) + 2 * kExpRelError +
-         operand_roundoff(p.precision) + 2 * fp32_gamma(sums.depth) + 2 * kU32 + rescales;
+         operand_roundoff(p.precision) + 2 * fp32_gamma(sums.depth) + 2 * kU32 + rescales +
+         forward_sink_error(p, abs_logit, sink);
 }
 
-double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double lse_ref,
+double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double lse_ref,
                          const Underflow& z) {
   return forward_logit_error(p, abs_logit, z) + 2 * kExpRelError + 2 * fp32_gamma(sums.depth) +
-         2 * kU32 * (std::fabs(lse_ref) + 1) + z.lse;
+         2 * kU32 * (std::fabs(lse_ref) + 1) + z.lse + forward_sink_error(p, abs_logit, sink);
 }
 
-double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double abs_pv,
+double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double abs_pv,
                          double out_ref, const Underflow& z) {
-  const double det = (forward_weight_rel_error(p, sums, abs_logit, z) + fp32_gamma(sums.depth)) * abs_pv + z.out;
+  const double det = (forward_weight_rel_error(p, sums, abs_logit, sink, z) + fp32_gamma(sums.depth)) * abs_pv + z.out;
   return det + unit_roundoff(p.out_dtype) * (std::fabs(out_ref) + det);
 }
 
@@ -97,7 +105,8 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
         for (std::int64_t t = 0; t < p.T; ++t) {
           const std::int64_t row = ref.row(b, kh, g, t);
           const double a = ref.abs_logit[static_cast<std::size_t>(row)];
-          const double w_rel = forward_weight_rel_error(p, sums, a, z);
+          const double sink = p.sink(kh, g);
+          const double w_rel = forward_weight_rel_error(p, sums, a, sink, z);
           const void* out_row = p.out_row(b, kh, g, t);
           for (std::int64_t h = 0; h < p.H; ++h) {
             const auto i = static_cast<std::size_t>(row * p.H + h);
@@ -140,7 +149,7 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
             } else if (std::isinf(l_ref) || std::isinf(l)) {
               if (l != l_ref) ++r.nan_mismatches;  // -inf must match -inf exactly
             } else if (!std::isnan(l)) {
-              const double bound = forward_lse_error(p, sums, a, l_ref, z);
+              const double bound = forward_lse_error(p, sums, a, sink, l_ref, z);
               const double err = std::fabs(l - l_ref);
               r.lse_max_err = std::max(r.lse_max_err, err);
               r.lse_worst_ratio = std::max(r.lse_worst_ratio, err / bound);

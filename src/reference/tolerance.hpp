@@ -55,6 +55,21 @@
 //   the mean of 4 such deviations plus the deterministic terms above.
 //   lse:                  |lse - lse_ref| <= delta + 2 eps_exp + 2 gamma(d) + 2 u32 (|lse_ref| + 1)
 //                                           + S tiny                 (l's underflow, relative: l >= 1)
+// Sinks (Options::sinks; core/finish_rows.cpp): the row's denominator gains the exact e^sink, with no
+// value. The weights keep their errors and the sink's term has none of its own (the row's computed max
+// m cancels: acc and l are both in units of e^m), so the weighted mean keeps the bound above with p_j
+// now over the larger denominator. The row's end adds: one factor e^(m - m') or e^(sink - m') (the
+// other is e^0 = 1 exactly; m' = max(m, sink)), whose exp has eps_exp and whose exponent is rounded:
+// m is the running max (|m| <= A), or, from the naive rung, the keys' lse base + ln l in fp32 (|m| <=
+// A + ln S; ln l and the sum rounded, u32 ln S and u32 |m|; its O was divided by that same computed l,
+// so l's own error cancels), and m - sink is rounded, u32 (A + ln S + |sink|). The out's sensitivity
+// to the factor is at most 1. Then the products l f and acc f and the sum l f + e^(sink - m'): u32
+// each. So, for a finite sink (one formula for every rung: the naive rung's is the largest),
+//                         w_sink = eps_exp + u32 (2 A + 3 ln(S + 1) + |sink| + 3)
+// joins w_rel (it multiplies |o| <= sum_j p_j |v_jh|) and the lse bound (a relative error of l' is an
+// absolute error of log l'); 0 for a -inf sink (f = 1, e^-inf = 0 exactly: the bits of no sink). A
+// factor below tiny has an absolute error below tiny: acc f / l' moves by at most tiny S M_v (acc <= S
+// M_v l, l' >= 1), inside z_o, and l' by at most tiny, inside S tiny.
 // Linear attention (weights w_j = scale q.k_j, rounded to u_p), with W = |scale| H M_q M_k >= |w_j|:
 //   |o - o_ref| <= (gamma(H) + 2 u32) sum_j a_j |v_jh| + (u_p + gamma(d)) sum_j |w_j v_jh|
 //                  + S (z_l M_v + tiny (M_v + W + 2)) + u_min + u_out (...)
@@ -98,15 +113,17 @@ struct Underflow {
 };
 Underflow forward_underflow(const Problem& p, double max_q, double max_k, double max_v);
 
-// Softmax attention, one row with A = abs_logit (ReferenceResult::abs_logit), summed as `sums` says:
+// Softmax attention, one row with A = abs_logit (ReferenceResult::abs_logit) and sink logit `sink`
+// (Problem::sink: -inf without sinks), summed as `sums` says:
 double forward_logit_error(const Problem& p, double abs_logit, const Underflow& z);  // delta
-double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit,
-                                const Underflow& z);  // w_rel
+double forward_sink_error(const Problem& p, double abs_logit, double sink);          // w_sink
+double forward_weight_rel_error(const Problem& p, const KeySums& sums, double abs_logit, double sink,
+                                const Underflow& z);  // w_rel (with w_sink)
 // |lse - lse_ref| for a finite lse_ref.
-double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double lse_ref,
+double forward_lse_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double lse_ref,
                          const Underflow& z);
 // The max bound on |o - o_ref| of one element, abs_pv = sum_j p_j |v_jh| (ReferenceResult::abs_pv).
-double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double abs_pv,
+double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit, double sink, double abs_pv,
                          double out_ref, const Underflow& z);
 
 struct ErrorReport {

@@ -48,6 +48,30 @@ ElementBound element_bound(const BackwardProblem& p, const GradientTerms& g, std
   return {det + out, stat + out};
 }
 
+// The sinks' gradient against the reference (the header's bound), into r's max fields as "dsinks".
+void check_dsinks(const BackwardProblem& p, const ReferenceGradients& ref, ErrorReport& r) {
+  const double n = static_cast<double>(p.fwd.B * p.fwd.T) * 0x1p-53;
+  const double gamma64 = n / (1 - n);
+  for (std::size_t i = 0; i < ref.dsinks.size(); ++i) {
+    const double x = p.dsinks[i], x_ref = ref.dsinks[i], err_budget = ref.dsinks_err[i];
+    if (std::isnan(x) != std::isnan(x_ref)) {
+      ++r.nan_mismatches;
+      continue;
+    }
+    if (std::isnan(x)) continue;
+    const double bound = err_budget + gamma64 * (ref.dsinks_abs[i] + err_budget) +
+                         kU32 * (std::fabs(x_ref) + err_budget) + 1e-300;
+    const double err = std::fabs(x - x_ref), ratio = err / bound;
+    if (!(ratio <= r.worst_ratio)) {
+      r.worst_ratio = ratio;
+      r.max_bound = bound;
+      r.worst_index = static_cast<std::int64_t>(i);
+      r.worst_tensor = "dsinks";
+    }
+    r.max_err = std::max(r.max_err, err);
+  }
+}
+
 }  // namespace
 
 Underflow backward_underflow(const BackwardProblem& p, double max_q, double max_k, double max_v,
@@ -62,7 +86,7 @@ double backward_term_underflow(const BackwardProblem& p, double a, double a_err,
   return kTinyNormal * scale * (std::fabs(a) + a_err + std::fabs(b) + 2);
 }
 
-BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double lse_ref,
+BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double sink, double lse_ref,
                                       const double* dout, const double* out_ref, const double* abs_pv,
                                       const Underflow& z) {
   const Problem& f = p.fwd;
@@ -71,12 +95,12 @@ BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit
   const double u_d = dout_for_d_roundoff(f.precision);
   double sum_beta = 0.0, sum_out = 0.0;
   for (std::int64_t h = 0; h < f.H; ++h) {
-    const double beta = forward_out_error(f, sums, abs_logit, abs_pv[h], out_ref[h], z);
+    const double beta = forward_out_error(f, sums, abs_logit, sink, abs_pv[h], out_ref[h], z);
     sum_beta += std::fabs(dout[h]) * beta;
     sum_out += std::fabs(dout[h]) * (std::fabs(out_ref[h]) + beta);
   }
   BackwardRowBudget r;
-  r.lse_err = forward_lse_error(f, sums, abs_logit, lse_ref, z);
+  r.lse_err = forward_lse_error(f, sums, abs_logit, sink, lse_ref, z);
   r.z = z;
   r.d_err = sum_beta + (u_d + fp32_gamma(f.H)) / (1 - u_d) * sum_out;
   return r;
@@ -110,6 +134,11 @@ BackwardPairBudget backward_pair_budget(const BackwardProblem& p, const Backward
     r.ds_err = e2 + kU32 * (prob * ax * cap_slope + e2);
   }
   return r;
+}
+
+double backward_sink_term_error(const BackwardRowBudget& row, double p_sink, double d) {
+  const double rho_s = std::expm1(row.lse_err) * (1 + kU32) + 2 * kU32;
+  return p_sink * (rho_s * std::fabs(d) + (1 + rho_s) * row.d_err);
 }
 
 const char* gradient_name(Gradient which) {
@@ -182,6 +211,7 @@ ErrorReport check_backward_against_reference(const BackwardProblem& p, const Ref
       r.mean_bound = mean_bound;
     }
   }
+  if (p.dsinks != nullptr) check_dsinks(p, ref, r);
   r.ok = r.nan_mismatches == 0 && r.worst_ratio <= 1.0 && means_ok;
   return r;
 }

@@ -41,6 +41,15 @@
 //   tiny (the accumulator), and the scale may come before or after: its budget gains
 //   tiny max(1, |scale|) (|a| + e_a + |b| + 2)        (backward_term_underflow)
 //   For operands of normal size these are ~1e-30 and change no bound measurably.
+// Sinks: e_lse and beta_h are the forward's bounds with the row's sink (tolerance.hpp, w_sink), and P is
+// recomputed from the saved lse as without sinks. The sinks' gradient (backward/sink_gradient.hpp) sums,
+// per head, n = B T terms -P_sink D_t, P_sink = exp(sink - lse_t), with D_t = dout . out from both as
+// stored (the E_D above; its sum is in double, inside E_D's fp32 gamma(H)) and the exp in double:
+//   rho_s = exp(e_lse) (1 + u32) - 1 + u32                      P_sink's relative error (generous for
+//                                                               the double difference and exp)
+//   budget of a term    P_sink (rho_s |D_t| + (1 + rho_s) E_D)
+//   |dsink - dsink_ref| <= Err + gamma64(n) (Abs + Err) + u32 (|dsink_ref| + Err)
+//   (gamma64(n) = n 2^-53 / (1 - n 2^-53): the double sum; u32: the result stored as float32)
 // First order in the roundoffs except where a product of two relative errors was cheap to keep. A NaN
 // where the reference is finite never passes; a NaN where the reference is NaN agrees. The forward's
 // out and lse are taken to be within the forward's own bounds (its tests check them).
@@ -65,9 +74,12 @@ Underflow backward_underflow(const BackwardProblem& p, double max_q, double max_
                              double max_dout);
 // A row of H elements each: dout (rounded as the operands), the exact out and sum_j P |v_jh| (the
 // forward reference's abs_pv); abs_logit = A_t, lse_ref = the exact lse (finite), z its underflow terms.
-BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double lse_ref,
+// sink: the row's sink logit (Problem::sink; -inf without sinks).
+BackwardRowBudget backward_row_budget(const BackwardProblem& p, double abs_logit, double sink, double lse_ref,
                                       const double* dout, const double* out_ref, const double* abs_pv,
                                       const Underflow& z);
+// The budget of one term P_sink D_t of the sinks' gradient (above): p_sink and d the exact values.
+double backward_sink_term_error(const BackwardRowBudget& row, double p_sink, double d);
 // The underflow budget of one gradient term a b: tiny max(1, |scale|) (|a| + a_err + |b| + 2).
 double backward_term_underflow(const BackwardProblem& p, double a, double a_err, double b);
 
@@ -92,7 +104,7 @@ const char* gradient_name(Gradient which);  // "dq", "dk", "dv"
 double backward_error_bound(const BackwardProblem& p, const ReferenceGradients& ref, Gradient which,
                             std::int64_t i);
 
-// Compares p.dq, p.dk, p.dv (read in their dtypes and strides) with `ref`. ok needs every element within
+// Compares p.dq, p.dk, p.dv (read in their dtypes and strides), and p.dsinks when set, with `ref`. ok needs every element within
 // its max bound, each gradient's mean |err| within its mean bound, and no NaN mismatch. worst_tensor
 // names the gradient of the worst element; mean_err and mean_bound are the gradient's whose ratio is
 // largest; the lse fields are unused.

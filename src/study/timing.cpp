@@ -66,8 +66,15 @@ void BenchInputs::run_backward(const Options& options) {
     attention(q_view(out_), contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T}), q_view(q_),
               kv_view(k_), kv_view(v_), options);
   }
+  const TensorView lse = contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T});
+  if (options.sinks != nullptr) {  // with sinks, their gradient too
+    dsinks_.resize(static_cast<std::size_t>(s.K * s.G));
+    attention_backward(q_view(dq_), kv_view(dk_), kv_view(dv_), dsinks_.data(), q_view(dout_), q_view(q_), kv_view(k_),
+                       kv_view(v_), q_view(out_), lse, options);
+    return;
+  }
   attention_backward(q_view(dq_), kv_view(dk_), kv_view(dv_), q_view(dout_), q_view(q_), kv_view(k_), kv_view(v_),
-                     q_view(out_), contiguous_view(lse_.data(), DType::f32, {s.B, s.K, s.G, s.T}), options);
+                     q_view(out_), lse, options);
 }
 
 namespace {

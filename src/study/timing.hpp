@@ -27,14 +27,14 @@ class BenchInputs {
   // window, packed sequences), over B K G.
   double flops(const Options& options);
   // The forward with lse (once, on the first call, to have out and lse), then attention_backward
-  // once with a random dout; `options` as the forward's.
+  // once with a random dout; `options` as the forward's (with Options::sinks, dsinks too).
   void run_backward(const Options& options);
 
  private:
   Shape shape_;
   std::vector<std::uint16_t> q_, k_, v_, out_;
   std::vector<std::uint16_t> dout_, dq_, dk_, dv_;  // the backward's, allocated on first use
-  std::vector<float> lse_;
+  std::vector<float> lse_, dsinks_;
 };
 
 // One warm-up run, then `repeats` timed runs (wall clock, steady_clock).
