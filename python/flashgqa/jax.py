@@ -106,51 +106,71 @@ def _lse_shape(q, opts):
     return q.shape[:-1]
 
 
-def _forward(q, k, v, opts):
+def _vmap_method(sinks):
+    # Leading axes fold into B in one call; sinks are per head, so a call with sinks loops instead.
+    return "sequential" if sinks.size else "broadcast_all"
+
+
+def _forward(q, k, v, sinks, opts):
     call = jax.ffi.ffi_call(
         "flashgqa_attention",
         (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(_lse_shape(q, opts), jnp.float32)),
-        vmap_method="broadcast_all")
-    return call(q, k, v, **opts.attrs())
+        vmap_method=_vmap_method(sinks))
+    return call(q, k, v, sinks, **opts.attrs())
 
 
-def _backward(dout, q, k, v, out, lse, opts):
+def _backward(dout, q, k, v, out, lse, sinks, opts):
+    """(dq, dk, dv, dsinks); dsinks is empty without sinks."""
     call = jax.ffi.ffi_call(
         "flashgqa_attention_backward",
         (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-         jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        vmap_method="broadcast_all")
-    return call(dout.astype(q.dtype), q, k, v, out, lse, **opts.attrs())
+         jax.ShapeDtypeStruct(v.shape, v.dtype), jax.ShapeDtypeStruct(sinks.shape, jnp.float32)),
+        vmap_method=_vmap_method(sinks))
+    return call(dout.astype(q.dtype), q, k, v, out, lse, sinks, **opts.attrs())
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, opts):
-    return _forward(q, k, v, opts)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, sinks, opts):
+    return _forward(q, k, v, sinks, opts)
 
 
-def _attention_fwd(q, k, v, opts):
-    q, k, v = q.value, k.value, v.value  # symbolic_zeros=True: primals come wrapped
-    out, lse = _forward(q, k, v, opts)
-    return (out, lse), (q, k, v, out, lse)
+def _attention_fwd(q, k, v, sinks, opts):
+    q, k, v, sinks = q.value, k.value, v.value, sinks.value  # symbolic_zeros=True: primals wrapped
+    out, lse = _forward(q, k, v, sinks, opts)
+    return (out, lse), (q, k, v, sinks, out, lse)
 
 
 def _attention_bwd(opts, residuals, cotangents):
-    q, k, v, out, lse = residuals
+    q, k, v, sinks, out, lse = residuals
     dout, dlse = cotangents
     if not isinstance(dlse, jax.custom_derivatives.SymbolicZero):
         raise NotImplementedError(
             "flashgqa.jax.attention: the gradient through lse is not supported (its cotangent "
             "is not zero); differentiate only out, or wrap lse in jax.lax.stop_gradient")
     if isinstance(dout, jax.custom_derivatives.SymbolicZero):
-        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
-    return _backward(dout, q, k, v, out, lse, opts)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), jnp.zeros_like(sinks)
+    return _backward(dout, q, k, v, out, lse, sinks, opts)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
+def _sinks(sinks, q, k):
+    """sinks ([K, G] or [Hq], any float dtype) as the handlers' flat float32 [K*G] (empty: none)."""
+    if sinks is None:
+        return jnp.zeros((0,), jnp.float32)
+    sinks = jnp.asarray(sinks)
+    if not jnp.issubdtype(sinks.dtype, jnp.floating):
+        raise TypeError(f"sinks: dtype {sinks.dtype}, expected a floating-point dtype")
+    heads = q.shape[1] * (q.shape[2] if q.ndim == 5 else 1)
+    if sinks.size != heads or sinks.ndim not in (1, 2):
+        raise ValueError(f"sinks: shape {list(sinks.shape)}, expected [K, G] or [Hq] with "
+                         f"{heads} query heads")
+    return sinks.astype(jnp.float32).reshape(-1)
+
+
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, scale=None,
-              precision="bf16", return_lse=False, threads=None, softcap=None):
+              precision="bf16", return_lse=False, threads=None, softcap=None, sinks=None):
     """Exact grouped-query softmax attention as a JAX op (jit, vmap, grad).
 
     The options mean what they mean in :func:`flashgqa.attention`: ``causal`` (query t sees keys
@@ -158,21 +178,26 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, scale=N
     (FlashAttention's window_size, -1 unbounded), ``scale`` (default ``1/sqrt(H)``), ``precision``
     ("bf16": the seed's rule; "f32"), ``threads`` (None: all cores), ``softcap`` (Gemma 2's
     ``c tanh(s / c)`` on the logits; None or 0: off). They are static: each distinct set compiles
-    its own call.
+    its own call. ``sinks`` (gpt-oss's attention sinks, ``[K, G]`` or ``[Hq]``, any float dtype)
+    is an array like q, k and v: differentiable, with its gradient in its own shape and dtype.
 
     Returns out (q's shape and dtype), or ``(out, lse)`` with ``return_lse`` (lse float32, q's
     shape without H; not differentiable, see the module docstring).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads, softcap)
-    out, lse = _attention(q, k, v, opts)
+    out, lse = _attention(q, k, v, _sinks(sinks, q, k), opts)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, causal_offset=None, window=None,
-                       scale=None, precision="bf16", threads=None, softcap=None):
+                       scale=None, precision="bf16", threads=None, softcap=None, sinks=None):
     """The backward pass as a JAX op: ``(dq, dk, dv)`` from ``dout`` and the forward's q, k, v,
-    out and lse (``attention(..., return_lse=True)`` with the same options)."""
+    out and lse (``attention(..., return_lse=True)`` with the same options); with ``sinks``,
+    ``(dq, dk, dv, dsinks)``, dsinks float32 in the sinks' shape."""
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     opts = _options(q, k, v, causal, causal_offset, window, scale, precision, threads, softcap)
-    return _backward(jnp.asarray(dout), q, k, v, jnp.asarray(out), jnp.asarray(lse), opts)
+    flat = _sinks(sinks, q, k)
+    dq, dk, dv, dsinks = _backward(jnp.asarray(dout), q, k, v, jnp.asarray(out), jnp.asarray(lse),
+                                   flat, opts)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks.reshape(jnp.shape(sinks)))

@@ -6,12 +6,13 @@ Importing this module registers two operators with ``torch.library``:
 
 - ``torch.ops.flashgqa.attention(q, k, v, causal=False, causal_offset=None, window_left=-1,
   window_right=-1, scale=None, precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None)``
-  ``-> (out, lse)`` (and a last argument ``softcap=0.0``): :func:`flashgqa.attention` with
+  ``-> (out, lse)`` (and last ``softcap=0.0, sinks=None``): :func:`flashgqa.attention` with
   ``return_lse=True``. out has q's shape and
   dtype, lse is float32 of q's shape without the last dimension (``[B, K, G, T]``, ``[B, Hq, T]``
   or ``[total, Hq]``). lse is always returned, since the backward reads it; it carries no gradient.
 - ``torch.ops.flashgqa.attention_backward(dout, q, k, v, out, lse, <the same options>)``
-  ``-> (dq, dk, dv)``: :func:`flashgqa.attention_backward`.
+  ``-> (dq, dk, dv, dsinks)``: :func:`flashgqa.attention_backward`; dsinks is the sinks'
+  gradient in their shape and dtype, or an empty float32 tensor without sinks.
 
 Both take every layout of :func:`flashgqa.attention`: q ``[B, K, G, T, H]`` (the seed's),
 ``[B, Hq, T, H]`` (SDPA's) or ``[total, Hq, H]`` (FlashAttention's packed layout, with
@@ -54,11 +55,12 @@ def _h_contiguous(x):
 
 
 def _options(causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-             cu_seqlens_k, softcap):
+             cu_seqlens_k, softcap, sinks):
     """The op's arguments as keyword arguments of flashgqa.attention / attention_backward."""
     return dict(causal=causal, causal_offset=causal_offset, window=(window_left, window_right),
                 scale=scale, precision=precision, cu_seqlens_q=cu_seqlens_q,
-                cu_seqlens_k=cu_seqlens_k, softcap=softcap)
+                cu_seqlens_k=cu_seqlens_k, softcap=softcap,
+                sinks=None if sinks is None else sinks.detach())
 
 
 @torch.library.custom_op("flashgqa::attention", mutates_args=(), device_types="cpu")
@@ -66,17 +68,17 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                   causal_offset: Optional[int] = None, window_left: int = -1,
                   window_right: int = -1, scale: Optional[float] = None,
                   precision: str = "bf16", cu_seqlens_q: Optional[Tensor] = None,
-                  cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0
-                  ) -> tuple[Tensor, Tensor]:
+                  cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0,
+                  sinks: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     q, k, v = (_h_contiguous(x) for x in (q, k, v))
     return flashgqa.attention(q, k, v, return_lse=True, **_options(
         causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-        cu_seqlens_k, softcap))
+        cu_seqlens_k, softcap, sinks))
 
 
 @_attention_op.register_fake
 def _(q, k, v, causal=False, causal_offset=None, window_left=-1, window_right=-1, scale=None,
-      precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0):
+      precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0, sinks=None):
     # What flashgqa.attention allocates: contiguous out of q's shape and dtype, float32 lse of
     # q's shape without H.
     return (q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32))
@@ -88,19 +90,28 @@ def _attention_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: T
                            causal_offset: Optional[int] = None, window_left: int = -1,
                            window_right: int = -1, scale: Optional[float] = None,
                            precision: str = "bf16", cu_seqlens_q: Optional[Tensor] = None,
-                           cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0
-                           ) -> tuple[Tensor, Tensor, Tensor]:
+                           cu_seqlens_k: Optional[Tensor] = None, softcap: float = 0.0,
+                           sinks: Optional[Tensor] = None
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     dout, q, k, v, out = (_h_contiguous(x) for x in (dout, q, k, v, out))
-    return flashgqa.attention_backward(dout, q, k, v, out, lse, **_options(
+    grads = flashgqa.attention_backward(dout, q, k, v, out, lse, **_options(
         causal, causal_offset, window_left, window_right, scale, precision, cu_seqlens_q,
-        cu_seqlens_k, softcap))
+        cu_seqlens_k, softcap, sinks))
+    # dsinks: the sinks' gradient in their shape and dtype, or empty without sinks (an op
+    # returns tensors, not None).
+    return grads if sinks is not None else (*grads, _no_dsinks(q))
+
+
+def _no_dsinks(q):
+    return q.new_empty((0,), dtype=torch.float32)
 
 
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, causal=False, causal_offset=None, window_left=-1,
       window_right=-1, scale=None, precision="bf16", cu_seqlens_q=None, cu_seqlens_k=None,
-      softcap=0.0):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+      softcap=0.0, sinks=None):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else _no_dsinks(q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _setup_context(ctx, inputs, output):
@@ -113,20 +124,26 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    # lse is non-differentiable: dlse is None or zeros, and adds nothing.
+    # lse is non-differentiable: dlse is None or zeros, and adds nothing. The options' gradients
+    # are None, but for the sinks (the last option), which are learned.
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flashgqa.attention_backward(dout, q, k, v, out, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
+    dq, dk, dv, dsinks = torch.ops.flashgqa.attention_backward(dout, q, k, v, out, lse,
+                                                               *ctx.options)
+    sinks = ctx.options[-1]
+    return ((dq, dk, dv) + (None,) * (len(ctx.options) - 1)
+            + (dsinks if sinks is not None else None,))
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seqlens_q=None,
-              cu_seqlens_k=None, scale=None, precision="bf16", return_lse=False, softcap=None):
+              cu_seqlens_k=None, scale=None, precision="bf16", return_lse=False, softcap=None,
+              sinks=None):
     """:func:`flashgqa.attention` through ``torch.ops.flashgqa.attention``: differentiable in q,
     k and v, traceable by ``torch.compile``. Same layouts, options and meaning (window
-    ``(left, right)``, -1 unbounded; cu_seqlens as int tensors; softcap None or 0: off).
+    ``(left, right)``, -1 unbounded; cu_seqlens as int tensors; softcap None or 0: off; sinks a
+    float tensor ``[K, G]`` or ``[Hq]``, differentiable).
     Returns out, or ``(out, lse)`` with ``return_lse`` (lse without gradient)."""
     if window is None:
         window = (-1, -1)
@@ -135,7 +152,7 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
     left, right = window
     out, lse = torch.ops.flashgqa.attention(q, k, v, causal, causal_offset, left, right, scale,
                                             precision, cu_seqlens_q, cu_seqlens_k,
-                                            0.0 if softcap is None else float(softcap))
+                                            0.0 if softcap is None else float(softcap), sinks)
     return (out, lse) if return_lse else out
 
 

@@ -7,6 +7,8 @@
 // k's K through flashgqa::split_heads); a buffer of higher rank carries leading batch axes (jax.vmap
 // with vmap_method="broadcast_all"), folded into B, which is free for dense buffers. Every other check
 // is the library's: flashgqa::Error comes back as an FFI error with its message (XlaRuntimeError).
+// Attention sinks travel as a float32 operand, empty for none (and their gradient as a result of the
+// same size); a call with sinks is vmapped sequentially, as sinks are per head, not per batch.
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
@@ -109,25 +111,47 @@ ffi::Error guarded(Body body) {
   }
 }
 
-ffi::Error attention_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<ffi::AnyBuffer> lse, Attrs a) {
+// The sinks operand: empty for none, else exactly the K*G float32 logits of Options::sinks (the library
+// takes a pointer, so their count is checked here). Returns the pointer, or null for none.
+const float* sinks_of(ffi::Buffer<ffi::F32>& sinks, const flashgqa::TensorView& q) {
+  const std::int64_t n = static_cast<std::int64_t>(sinks.element_count());
+  if (n == 0) return nullptr;
+  if (n != q.shape[1] * q.shape[2])
+    throw flashgqa::Error("sinks: " + std::to_string(n) + " values, expected K*G = " +
+                          std::to_string(q.shape[1] * q.shape[2]) + " (one per query head)");
+  return sinks.typed_data();
+}
+
+ffi::Error attention_impl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::F32> sinks,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, Attrs a) {
   return guarded([&] {
     const flashgqa::TensorView kv = dense_view(k, 4, "k"), vv = dense_view(v, 4, "v");
     const std::int64_t K = kv.shape[1];
+    const flashgqa::TensorView qv = q_like(q, a.layout_rank, false, K, "q");
+    flashgqa::Options o = options_of(a);
+    o.sinks = sinks_of(sinks, qv);
     flashgqa::attention(q_like(*out, a.layout_rank, false, K, "out"), q_like(*lse, a.layout_rank, true, K, "lse"),
-                        q_like(q, a.layout_rank, false, K, "q"), kv, vv, options_of(a));
+                        qv, kv, vv, o);
   });
 }
 
 ffi::Error backward_impl(ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                         ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
-                         ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv, Attrs a) {
+                         ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Buffer<ffi::F32> sinks,
+                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks, Attrs a) {
   return guarded([&] {
     const flashgqa::TensorView kv = dense_view(k, 4, "k"), vv = dense_view(v, 4, "v");
     const std::int64_t K = kv.shape[1], r = a.layout_rank;
-    flashgqa::attention_backward(q_like(*dq, r, false, K, "dq"), dense_view(*dk, 4, "dk"), dense_view(*dv, 4, "dv"),
-                                 q_like(dout, r, false, K, "dout"), q_like(q, r, false, K, "q"), kv, vv,
-                                 q_like(out, r, false, K, "out"), q_like(lse, r, true, K, "lse"), options_of(a));
+    const flashgqa::TensorView qv = q_like(q, r, false, K, "q");
+    flashgqa::Options o = options_of(a);
+    o.sinks = sinks_of(sinks, qv);
+    const flashgqa::TensorView dqv = q_like(*dq, r, false, K, "dq"), dkv = dense_view(*dk, 4, "dk"),
+                               dvv = dense_view(*dv, 4, "dv"), doutv = q_like(dout, r, false, K, "dout"),
+                               outv = q_like(out, r, false, K, "out"), lsev = q_like(lse, r, true, K, "lse");
+    if (o.sinks != nullptr)  // dsinks has the sinks' K*G elements (python/flashgqa/jax.py)
+      flashgqa::attention_backward(dqv, dkv, dvv, dsinks->typed_data(), doutv, qv, kv, vv, outv, lsev, o);
+    else
+      flashgqa::attention_backward(dqv, dkv, dvv, doutv, qv, kv, vv, outv, lsev, o);
   });
 }
 
@@ -147,23 +171,24 @@ auto with_attrs(Binding b) {
       .template Attr<double>("softcap");
 }
 
-ffi::Error attention_entry(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> out,
-                           ffi::Result<ffi::AnyBuffer> lse, bool causal, bool has_causal_offset,
+ffi::Error attention_entry(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Buffer<ffi::F32> sinks,
+                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, bool causal, bool has_causal_offset,
                            std::int64_t causal_offset, std::int64_t window_left, std::int64_t window_right,
                            bool has_scale, double scale, std::string_view precision, std::int64_t threads,
                            std::int64_t layout_rank, double softcap) {
-  return attention_impl(q, k, v, out, lse,
+  return attention_impl(q, k, v, sinks, out, lse,
                         {causal, has_causal_offset, causal_offset, window_left, window_right, has_scale, scale,
                          precision, threads, layout_rank, softcap});
 }
 
 ffi::Error backward_entry(ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                          ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
-                          ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv, bool causal,
+                          ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Buffer<ffi::F32> sinks,
+                          ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                          ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks, bool causal,
                           bool has_causal_offset, std::int64_t causal_offset, std::int64_t window_left,
                           std::int64_t window_right, bool has_scale, double scale, std::string_view precision,
                           std::int64_t threads, std::int64_t layout_rank, double softcap) {
-  return backward_impl(dout, q, k, v, out, lse, dq, dk, dv,
+  return backward_impl(dout, q, k, v, out, lse, sinks, dq, dk, dv, dsinks,
                        {causal, has_causal_offset, causal_offset, window_left, window_right, has_scale, scale,
                         precision, threads, layout_rank, softcap});
 }
@@ -175,6 +200,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashgqa_attention_ffi, attention_entry,
                                              .Arg<ffi::AnyBuffer>()
                                              .Arg<ffi::AnyBuffer>()
                                              .Arg<ffi::AnyBuffer>()
+                                             .Arg<ffi::Buffer<ffi::F32>>()
                                              .Ret<ffi::AnyBuffer>()
                                              .Ret<ffi::AnyBuffer>()));
 
@@ -186,9 +212,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashgqa_attention_backward_ffi, backward_entry,
                                              .Arg<ffi::AnyBuffer>()
                                              .Arg<ffi::AnyBuffer>()
                                              .Arg<ffi::AnyBuffer>()
+                                             .Arg<ffi::Buffer<ffi::F32>>()
                                              .Ret<ffi::AnyBuffer>()
                                              .Ret<ffi::AnyBuffer>()
-                                             .Ret<ffi::AnyBuffer>()));
+                                             .Ret<ffi::AnyBuffer>()
+                                             .Ret<ffi::Buffer<ffi::F32>>()));
 
 NB_MODULE(_flashgqa_jax, m) {
   m.doc() = "flashgqa's XLA FFI handlers; use flashgqa.jax instead.";

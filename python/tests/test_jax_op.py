@@ -98,6 +98,28 @@ def test_softcap_under_jit_gives_the_eager_bits(rng, sdpa):
         assert np.array_equal(bits(g), bits(w)), f"{name} differs from the eager backward"
 
 
+@pytest.mark.parametrize("sdpa", [False, True], ids=["5d", "4d"])
+def test_sinks_under_jit_and_grad_give_the_eager_bits(rng, sdpa):
+    q, k, v, dout = inputs(rng, (2, 2, 3, 11, 17, 32), "float32", sdpa)
+    sinks = rng.standard_normal((2, 3) if not sdpa else (6,)).astype(np.float32) + 1.0
+    options = dict(causal=True, causal_offset=-3, precision="f32")  # rows 0-2 see only the sink
+    out, lse = jax.jit(lambda q, k, v, s: fj.attention(q, k, v, sinks=s, return_lse=True,
+                                                       **options))(q, k, v, sinks)
+    want, want_lse = flashgqa.attention(q, k, v, sinks=sinks, return_lse=True, **options)
+    assert np.array_equal(bits(out), bits(want)) and np.array_equal(bits(lse), bits(want_lse))
+    vjp = jax.vjp(lambda q, k, v, s: fj.attention(q, k, v, sinks=s, **options), q, k, v, sinks)[1]
+    grads = jax.jit(vjp)(dout)
+    eager = flashgqa.attention_backward(dout, q, k, v, want, want_lse, sinks=sinks, **options)
+    assert grads[3].shape == sinks.shape and grads[3].dtype == sinks.dtype
+    for name, g, w in zip(("dq", "dk", "dv", "dsinks"), grads, eager):
+        assert np.array_equal(bits(g), bits(w)), f"{name} differs from the eager backward"
+    # vmap over the sinks too (a sequential loop: sinks are per head).
+    qs, ss = np.stack([q, -q]), np.stack([sinks, sinks - 2.0])
+    batched = jax.vmap(lambda q, s: fj.attention(q, k, v, sinks=s, **options))(qs, ss)
+    assert np.array_equal(bits(batched[1]), bits(flashgqa.attention(-q, k, v, sinks=sinks - 2.0,
+                                                                    **options)))
+
+
 def test_vmap_folds_leading_axes_into_one_call(rng):
     q, k, v, _ = inputs(rng, (2, 2, 2, 9, 13, 32), "float32")
     qs, ks, vs = np.stack([q, 2 * q, -q]), np.stack([k, k, 0.5 * k]), np.stack([v, -v, v])
@@ -152,6 +174,10 @@ def test_bad_arguments_raise_clear_errors(rng):
     # Shapes are the library's to check: its message arrives through XLA.
     with pytest.raises(Exception, match="k: shape .* has H = 8, expected 16"):
         jax.block_until_ready(fj.attention(q, k[..., :8], v[..., :8]))
+    with pytest.raises(ValueError, match="sinks: shape \\[3\\], expected \\[K, G\\] or \\[Hq\\]"):
+        fj.attention(q, k, v, sinks=np.zeros(3, np.float32))
+    with pytest.raises(Exception, match="sinks: head 1 .* has sink nan"):
+        jax.block_until_ready(fj.attention(q, k, v, sinks=np.array([[0, np.nan], [0, 0]], np.float32)))
     with pytest.raises(Exception, match="window: \\(-2, -1\\)"):
         jax.block_until_ready(fj.attention(q, k, v, window=(-2, -1)))
 

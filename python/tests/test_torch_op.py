@@ -50,14 +50,17 @@ def op_args(case, rng, requires_grad=False):
     q_shape = {"5d": (B, K, G, T, H), "4d": (B, K * G, T, H), "3d": (T, K * G, H)}[layout]
     kv_shape = (S, K, H) if layout == "3d" else (B, K, S, H)
     q, k, v = (randn(rng, s, dtype, requires_grad) for s in (q_shape, kv_shape, kv_shape))
-    return q, k, v, dict(options)
+    options = dict(options)
+    if "sinks" in options:  # learned: a leaf like q, k, v
+        options["sinks"] = options["sinks"].clone().requires_grad_(requires_grad)
+    return q, k, v, options
 
 
 def op_options(causal=False, causal_offset=None, window=(-1, -1), scale=None, precision="bf16",
-               cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0):
+               cu_seqlens_q=None, cu_seqlens_k=None, softcap=0.0, sinks=None):
     """The op's positional options (schema order) from flashgqa.attention's keywords."""
     return (causal, causal_offset, window[0], window[1], scale, precision, cu_seqlens_q,
-            cu_seqlens_k, softcap)
+            cu_seqlens_k, softcap, sinks)
 
 
 PACKED = dict(cu_seqlens_q=cu([5, 0, 9]), cu_seqlens_k=cu([7, 4, 12]))
@@ -71,6 +74,8 @@ CASES = [
     ("3d", 1, 2, 2, 14, 23, 16, "float32", dict(causal=True, window=(4, -1), precision="f32",
                                                 **PACKED)),
     ("4d", 1, 2, 2, 10, 13, 32, "bfloat16", dict(causal=True, softcap=2.0, scale=1.0)),
+    ("5d", 1, 2, 3, 9, 14, 16, "float32", dict(causal=True, causal_offset=-2, precision="f32",
+                                               sinks=torch.linspace(-1.0, 2.0, 6).reshape(2, 3))),
 ]
 
 
@@ -89,9 +94,10 @@ def test_opcheck_forward_and_backward(rng, case):
                      rtol=0, atol=0)
     assert set(result.values()) == {"SUCCESS"}, result
 
-    out, lse = torch.ops.flashgqa.attention(*(x.detach() for x in (q, k, v)), *args[3:])
+    plain = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in args[3:])
+    out, lse = torch.ops.flashgqa.attention(*(x.detach() for x in (q, k, v)), *plain)
     dout = torch.randn_like(out)
-    bargs = (dout, q.detach(), k.detach(), v.detach(), out, lse, *args[3:])
+    bargs = (dout, q.detach(), k.detach(), v.detach(), out, lse, *plain)  # (no double backward)
     result = opcheck(torch.ops.flashgqa.attention_backward.default, bargs,
                      test_utils=ALL_OPCHECKS, rtol=0, atol=0)
     assert set(result.values()) == {"SUCCESS"}, result
@@ -112,7 +118,7 @@ def test_op_gives_the_library_bits_and_gradients(rng, case):
     dout = torch.randn_like(out)
     out.backward(dout)
     want = flashgqa.attention_backward(dout, q, k, v, want_out, want_lse, **options)
-    for name, x, w in zip(("dq", "dk", "dv"), (q, k, v), want):
+    for name, x, w in zip(("dq", "dk", "dv", "dsinks"), (q, k, v, options.get("sinks")), want):
         assert same_bits(x.grad, w), name
 
 
