@@ -2,7 +2,8 @@
 // against separate problems, one per sequence, in the float64 reference; then every path (the packed
 // flash path and decode on every instruction set, the ladder's rungs, the backward) against the
 // reference on packings with empty sequences, lengths that divide no block, causal offsets and windows,
-// with bit identity across thread counts; and the argument checks.
+// with bit identity across thread counts; every variant of issue #11 together (with the softcap and
+// sinks); and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -198,6 +199,60 @@ TEST_P(PackedSequences, BackwardMatchesReference) {
       }
       seed += 2;
     }
+}
+
+// Every variant of issue #11 at once: packed sequences (with empty ones), causal offsets, windows, the
+// logit softcap and attention sinks, forward (packed path and decode) and backward, against the
+// reference, with the same bits on 1 and 2 threads.
+TEST_P(PackedSequences, EveryVariantTogether) {
+  int seed = 900;
+  const Packing decode_packing({{1, 200}, {0, 3}, {1, 0}, {1, 45}});
+  for (const Packing* pk : {&kPackings[1], &kPackings[2], &decode_packing})
+    for (const Mask& m : {kMasks[2], kMasks[3], kMasks[5], kMasks[6]})
+      for (const double softcap : {0.0, 3.0}) {
+        const std::int64_t G = 2;
+        std::vector<float> sinks;
+        for (std::int64_t h = 0; h < 2 * G; ++h) sinks.push_back(h == 1 ? -INFINITY : 0.5f * static_cast<float>(h) - 0.7f);
+        Options o = options_for(*pk, m);
+        o.softcap = softcap;
+        o.sinks = sinks.data();
+        o.scale = 0.4;
+        o.block_q = 16;
+        o.block_kv = 32;
+        const std::string what = pk->describe() + " " + to_string(m) + " softcap " + std::to_string(softcap);
+        std::vector<float> first, first_grads;
+        for (int threads : {1, 2}) {
+          o.threads = threads;
+          const Shape shape{1, 2, G, pk->T(), pk->S(), 64};
+          AttentionCase fwd = make_case(shape, DType::bf16, DType::bf16, Layout::fa, seed);
+          AttentionCase grads = make_case(shape, DType::bf16, DType::bf16, Layout::fa, seed + 1);
+          Options f = o;
+          f.algorithm = Algorithm::flash;
+          const Problem p = make_problem(fwd.out, &fwd.lse, fwd.q, fwd.k, fwd.v, f);
+          flash_attention(p, isa());
+          const ErrorReport r = check_against_reference(p, reference_attention(p), flash_key_sums(p, isa()));
+          EXPECT_TRUE(r.ok) << what << ": " << r.describe();
+          const BackwardProblem bp =
+              make_backward_problem(grads.out, grads.k, grads.v, grads.q, fwd.q, fwd.k, fwd.v, fwd.out, fwd.lse, o);
+          flash_backward(bp, isa());
+          const ErrorReport rb = check_backward_against_reference(bp, reference_attention_backward(bp));
+          EXPECT_TRUE(rb.ok) << what << " backward: " << rb.describe();
+          std::vector<float> values = fwd.out_and_lse_values(), grad_values = grads.out_values();
+          for (std::int64_t j = 0; j < pk->S(); ++j)
+            for (std::int64_t h = 0; h < 64; h += 5) {
+              grad_values.push_back(load_element(bp.dk_row(0, 1, j), bp.dk_dtype, h));
+              grad_values.push_back(load_element(bp.dv_row(0, 0, j), bp.dv_dtype, h));
+            }
+          if (threads == 1) {
+            first = values;
+            first_grads = grad_values;
+          } else {
+            EXPECT_TRUE(testing::bitwise_equal(first, values)) << what;
+            EXPECT_TRUE(testing::bitwise_equal(first_grads, grad_values)) << what << " backward";
+          }
+        }
+        seed += 2;
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, PackedSequences, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
