@@ -175,7 +175,8 @@ struct Options {
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t num_sequences = 0;
   Precision precision = Precision::bf16;
-  // Logit softcap (Gemma 2): 0 = off; else c, finite and > 0, and every logit s = scale q.k becomes
+  // Logit softcap (Gemma 2): 0 = off; else c in [2^-126, 2^126] (c and 1/c normal floats), and every
+  // logit s = scale q.k becomes
   // c tanh(s / c), in (-c, c), before the softmax (masked keys stay masked). A NaN logit stays NaN;
   // an infinite one becomes +-c. The kernels' tanh is within kTanhMaxRelError (2^-21) of the exact
   // one (kernels/microkernels.hpp). The backward multiplies dS by the cap's derivative 1 - tanh^2(s/c).
@@ -216,6 +217,7 @@ void attention(const TensorView& out, const TensorView& lse, const TensorView& q
 //   dq = dL/dq  [B,K,G,T,H] (like q),   dk = dL/dk, dv = dL/dv  [B,K,S,H] (like k; summed over the G
 //   query heads of each kv head).
 // P is recomputed from q, k and lse; D = rowsum(dout * out). Options: scale, causal and its offset,
+// the window, packed sequences, sinks (already in lse; their own gradient: the overload below),
 // softcap (then dS = P (dP - D) (1 - tanh^2(s / c))), precision, block_q / block_kv (the backward's q
 // and KV blocks; 0 = automatic), threads; algorithm is ignored. Under Precision::bf16 the matmul
 // operands are rounded to bfloat16: q, k, v and dout as read,

@@ -221,6 +221,8 @@ def _sinks_heads(qi, ki):
         return qi.shape[1], qi.shape[2]
     if len(qi.shape) == 4 and len(ki.shape) == 4 and ki.shape[1] > 0 and qi.shape[1] % ki.shape[1] == 0:
         return ki.shape[1], qi.shape[1] // ki.shape[1]
+    if len(qi.shape) == 3 and len(ki.shape) == 3 and ki.shape[1] > 0 and qi.shape[1] % ki.shape[1] == 0:
+        return ki.shape[1], qi.shape[1] // ki.shape[1]  # packed: q [total, Hq, H], k [total, K, H]
     return None
 
 

@@ -8,7 +8,8 @@ thread count).
 
 Layouts: q ``[B, K, G, T, H]`` (the seed's) or ``[B, Hq, T, H]`` (SDPA's, ``Hq = K * G``), k and v
 ``[B, K, S, H]``; lse ``[B, K, G, T]`` or ``[B, Hq, T]``. ``jax.vmap`` over leading axes folds them
-into B inside the handler (``vmap_method="broadcast_all"``: one call, not a loop).
+into B inside the handler (``vmap_method="broadcast_all"``: one call, not a loop), except for calls
+with ``sinks``, which are per head and so vmapped as a loop of calls.
 
 The lse that ``return_lse=True`` returns is an output of the forward, not differentiable: a loss
 that depends on it raises ``NotImplementedError`` when differentiated (rather than a silently

@@ -148,8 +148,12 @@ ffi::Error backward_impl(ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k
     const flashgqa::TensorView dqv = q_like(*dq, r, false, K, "dq"), dkv = dense_view(*dk, 4, "dk"),
                                dvv = dense_view(*dv, 4, "dv"), doutv = q_like(dout, r, false, K, "dout"),
                                outv = q_like(out, r, false, K, "out"), lsev = q_like(lse, r, true, K, "lse");
-    if (o.sinks != nullptr)  // dsinks has the sinks' K*G elements (python/flashgqa/jax.py)
+    if (o.sinks != nullptr) {
+      if (dsinks->element_count() != sinks.element_count())
+        throw flashgqa::Error("dsinks: " + std::to_string(dsinks->element_count()) + " values, expected " +
+                              std::to_string(sinks.element_count()) + " (one per query head, as sinks)");
       flashgqa::attention_backward(dqv, dkv, dvv, dsinks->typed_data(), doutv, qv, kv, vv, outv, lsev, o);
+    }
     else
       flashgqa::attention_backward(dqv, dkv, dvv, doutv, qv, kv, vv, outv, lsev, o);
   });

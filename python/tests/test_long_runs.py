@@ -43,8 +43,3 @@ def test_problems_too_large_for_memory_raise_clear_errors():
         flashgqa.attention(q, k, k, algo="naive")
     with pytest.raises(ValueError, match=r"algorithm chunked needs .* GiB of workspace"):
         flashgqa.attention(q, k, k, algo="chunked", block_kv=long)
-    # An output too large to allocate: numpy's MemoryError, before the library runs.
-    huge_q = np.broadcast_to(np.float32(0.5), (1, 1, 1, 2**40, 8))
-    small_k = np.zeros((1, 1, 4, 8), np.float32)
-    with pytest.raises(MemoryError):
-        flashgqa.attention(huge_q, small_k, small_k)

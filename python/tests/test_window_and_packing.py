@@ -245,6 +245,11 @@ def test_bad_windows_and_offsets_raise_clear_errors(rng):
     ]:
         with pytest.raises(error, match=text):
             flashgqa.attention(q, k, k, **kwargs)
+    # The packed 3-D layout: sinks must be [K, G] or [Hq] there too (not any K*G values).
+    q3, k3 = q[0, 0].transpose(1, 0, 2), k[0].transpose(1, 0, 2)  # q [5, 2, 8], k [7, 1, 8]: G = 2
+    flashgqa.attention(q3, k3, k3, sinks=np.zeros((1, 2), np.float32))  # fine
+    with pytest.raises(ValueError, match="sinks: shape"):
+        flashgqa.attention(q3, k3, k3, sinks=np.zeros((2, 1), np.float32))
     q2 = np.concatenate([q, q])
     with pytest.raises(ValueError, match="expected B = 1"):
         flashgqa.attention(q2, np.concatenate([k, k]), np.concatenate([k, k]),

@@ -50,6 +50,8 @@ void linear_attention(const TensorView& out, const TensorView& q, const TensorVi
   if (options.softcap != 0.0)
     throw Error("softcap: " + std::to_string(options.softcap) +
                 ", expected 0: linear_attention has no softmax to cap");
+  if (options.sinks != nullptr)
+    throw Error("sinks: given, expected none: linear_attention has no softmax denominator to add them to");
   Options o = options;
   o.algorithm = Algorithm::chunked;  // validate blocks as the chunked rung takes them
   const Problem p = make_problem(out, nullptr, q, k, v, o);

@@ -345,7 +345,7 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   plan.rows_size = p.G * plan.Tpad * plan.Hp;
   plan.trans_size = p.G * plan.Hp * plan.Tpad;
   plan.kv_size = plan.nkv * plan.kv_block * plan.Hp;
-  plan.work = plan_tasks(p, std::max<std::int64_t>(p.T, 1), plan.bkv);
+  plan.work = plan_tasks(p, std::max<std::int64_t>(p.T, 1), plan.bkv, /*whole_rows=*/true);
   plan.dq_rows = p.G * plan.Tpad;
   for (const FlashTask& t : plan.work.tasks) plan.any_unsplit |= t.slot < 0;
   const std::int64_t head_bytes = (2 * plan.rows_size + 2 * plan.trans_size + 3 * plan.kv_size) * plan.operand_bytes;

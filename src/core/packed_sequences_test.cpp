@@ -15,7 +15,9 @@
 #include "core/backward_problem.hpp"
 #include "core/dtype.hpp"
 #include "core/problem.hpp"
+#include "flash/flash_decode.hpp"
 #include "flash/flash_packed.hpp"
+#include "kernels/microkernels.hpp"
 #include "ladder/ladder.hpp"
 #include "reference/reference.hpp"
 #include "reference/reference_backward.hpp"
@@ -253,6 +255,28 @@ TEST_P(PackedSequences, EveryVariantTogether) {
         }
         seed += 2;
       }
+}
+
+// Batched decode as packed sequences of one query each: each sequence's rows are one q block, so the
+// decode path takes them (its rows share one sequence's keys) when the kernel set has decode kernels.
+TEST_P(PackedSequences, BatchedDecodeTakesTheDecodePath) {
+  const Packing pk({{1, 300}, {1, 0}, {2, 77}, {1, 1000}});
+  AttentionCase c = make_case({1, 2, 4, pk.T(), pk.S(), 128}, DType::bf16, DType::f32, Layout::fa, 77);
+  Options o = options_for(pk, kMasks[1]);
+  o.algorithm = Algorithm::flash;
+  const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
+  const FlashKernels& k = kernels_for(isa(), p.precision);
+  EXPECT_EQ(flash_decode_applies(p, k), k.decode_qk_rows != nullptr) << "G x the longest sequence = 8 rows";
+  flash_attention(p, isa());
+  const ErrorReport r = check_against_reference(p, reference_attention(p), flash_key_sums(p, isa()));
+  EXPECT_TRUE(r.ok) << r.describe();
+  Options wide = o;
+  const Packing three({{3, 50}, {1, 20}});
+  wide.cu_seqlens_q = three.cu_q.data();
+  wide.cu_seqlens_k = three.cu_k.data();
+  wide.num_sequences = 2;
+  AttentionCase w = make_case({1, 2, 4, three.T(), three.S(), 128}, DType::bf16, DType::f32, Layout::fa, 78);
+  EXPECT_FALSE(flash_decode_applies(make_problem(w.out, &w.lse, w.q, w.k, w.v, wide), k)) << "12 rows in a block";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, PackedSequences, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);

@@ -217,11 +217,11 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
   if (options.precision != Precision::bf16 && options.precision != Precision::f32)
     fail("precision: unknown code " + std::to_string(static_cast<int>(options.precision)) +
          ", expected bf16 or f32");
-  // 1/c must be a finite float (the kernels multiply by it): c at least the smallest normal float.
-  if (options.softcap != 0.0 &&
-      !(options.softcap >= 0x1p-126 && std::isfinite(static_cast<float>(options.softcap))))
+  // c and 1/c must be normal floats (the kernels multiply by 1/c; a subnormal 1/c would flush small
+  // logits to 0 and break softcap_n's bound): c in [2^-126, 2^126].
+  if (options.softcap != 0.0 && !(options.softcap >= 0x1p-126 && options.softcap <= 0x1p126))
     fail("softcap: " + std::to_string(options.softcap) +
-         ", expected 0 (off) or a finite number >= 2^-126 (a normal float)");
+         ", expected 0 (off) or a number in [2^-126, 2^126] (c and 1/c normal floats)");
   check_blocks(options.algorithm, options.block_q, options.block_kv);
   resolve_threads(options.threads);
   check_sinks(options.sinks, K, G);

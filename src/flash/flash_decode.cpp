@@ -37,19 +37,20 @@ constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (s
 
 struct Plan {
   const FlashKernels* kern = nullptr;
-  std::int64_t M = 0, Hp = 0;
-  TaskPlan work;  // one q block of all T positions per (b, kv head)
+  std::int64_t M = 0, Hp = 0;  // M: the most rows of a q block
+  TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
 Plan make_plan(const Problem& p, const FlashKernels& k) {
   Plan plan;
   plan.kern = &k;
-  plan.M = p.G * p.T;
   plan.Hp = round_up(p.H, kHTile);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   const std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
   plan.work = plan_tasks(p, p.T, bkv);
+  for (std::int64_t qb = 0; qb + 1 < static_cast<std::int64_t>(plan.work.q_start.size()); ++qb)
+    plan.M = std::max(plan.M, plan.work.rows(p, qb));  // the most rows of a q block: the workspace's
   return plan;
 }
 
@@ -69,8 +70,8 @@ struct Workspace {
 
 void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
   const FlashKernels& kern = *plan.kern;
-  const std::int64_t M = plan.M, Hp = plan.Hp, bkv = plan.work.bkv;
-  const RowOrder rows = plan.work.row_order(p, 0);
+  const std::int64_t M = plan.work.rows(p, task.qb), Hp = plan.Hp, bkv = plan.work.bkv;
+  const RowOrder rows = plan.work.row_order(p, task.qb);
   auto* q = w.q.as<std::uint16_t>();
   auto* o = w.o.as<float>();
   auto* m = w.m.as<float>();
@@ -96,7 +97,7 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
     // S = scale Q K^T over the first keys_seen keys.
     kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
                          keys_seen, p.H, Hp, p.scale, static_cast<int>(M)});
-    // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
+    // Softcap: S = c tanh(S / c) over the keys seen (entries past them are masked by hi).
     if (p.softcap != 0.0f)
       for (std::int64_t r = 0; r < M; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
     // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
@@ -113,8 +114,15 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
 }  // namespace
 
 bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
+  // The rows of one q block: all T positions, or with packed sequences the longest sequence's (the
+  // plan cuts q blocks at sequence boundaries: batched decode of many one-token sequences).
+  std::int64_t positions = p.T;
+  if (!p.sequences.empty()) {
+    positions = 0;
+    for (const Problem::Sequence& s : p.sequences) positions = std::max(positions, s.q_end - s.q_begin);
+  }
   return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 &&
-         p.G * p.T <= kDecodeMaxRows;
+         p.G * positions <= kDecodeMaxRows;
 }
 
 void flash_attention_decode(const Problem& p, const FlashKernels& k) {

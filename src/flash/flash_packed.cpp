@@ -12,7 +12,7 @@
 //   3. per row tile of MR rows: S = scale Q K^T (qk_tile, panel by panel, only the panels some row of
 //      the tile may see; with a softcap, S = c tanh(S / c) by softcap_n), the online softmax
 //      (softmax_tile: running max, P = exp(S - m) rounded to bf16, fp32 denominators, masking only
-//      where the diagonal or the block end cuts the tile),
+//      where the diagonal, a window's edge, a sequence's edge or the block end cuts the tile),
 //      O = O * corr + P V (pv_tile, the rescale folded into the accumulator load, skipped when no
 //      max moved). S and P of a tile stay in L1; O rows stay in L2 for the whole task;
 //   4. writes out = O / l once in out's dtype, and lse = m + log l.

@@ -9,7 +9,8 @@
 namespace flashgqa {
 
 std::int64_t TaskPlan::rows(const Problem& p, std::int64_t qb) const {
-  return p.G * (std::min(p.T, (qb + 1) * bq) - qb * bq);
+  const auto i = static_cast<std::size_t>(qb);
+  return p.G * (q_start[i + 1] - q_start[i]);
 }
 
 std::int64_t TaskPlan::max_splits() const {
@@ -24,16 +25,26 @@ KeySums TaskPlan::key_sums() const {
   return {keys + max_splits() + 2, ceil_div(keys, std::max<std::int64_t>(bkv, 1)) + 2};
 }
 
-TaskPlan plan_tasks(const Problem& p, std::int64_t bq, std::int64_t bkv) {
+TaskPlan plan_tasks(const Problem& p, std::int64_t bq, std::int64_t bkv, bool whole_rows) {
   TaskPlan plan;
   plan.bq = bq;
   plan.bkv = bkv;
-  const std::int64_t nq = ceil_div(p.T, bq);
+  plan.q_start = {0};
+  if (p.sequences.empty() || whole_rows) {
+    for (std::int64_t t = bq; t < p.T; t += bq) plan.q_start.push_back(t);
+  } else {  // each sequence's queries in blocks of its own (sequences hold >= 1 query each)
+    for (const Problem::Sequence& s : p.sequences)
+      for (std::int64_t t = s.q_begin; t < s.q_end; t += bq)
+        if (t > 0) plan.q_start.push_back(t);
+  }
+  if (p.T > 0) plan.q_start.push_back(p.T);  // (T = 0: no q block)
+  const auto nq = static_cast<std::int64_t>(plan.q_start.size()) - 1;
   const std::int64_t q_blocks = p.B * p.K * nq;
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh)
       for (std::int64_t qb = 0; qb < nq; ++qb) {
-        const KeyRange keys = p.visible_keys(qb * bq, std::min(p.T, (qb + 1) * bq));
+        const auto i = static_cast<std::size_t>(qb);
+        const KeyRange keys = p.visible_keys(plan.q_start[i], plan.q_start[i + 1]);
         const std::int64_t rows = plan.rows(p, qb);
         // The whole bkv blocks the keys touch.
         const std::int64_t first = keys.begin / bkv;

@@ -50,12 +50,17 @@ struct SplitMerge {
 
 struct TaskPlan {
   std::int64_t bq = 0, bkv = 0;
+  // q block qb is positions [q_start[qb], q_start[qb + 1]): bq at a time, and with packed sequences
+  // never across a sequence's boundary (its rows then share one sequence's keys).
+  std::vector<std::int64_t> q_start;
   std::vector<FlashTask> tasks;  // (b, kv head, q block) major, split minor
   std::vector<SplitMerge> merges;
   std::int64_t slots = 0;
 
-  // The rows of q block qb: positions [t0, t0 + n) of all G heads.
-  RowOrder row_order(const Problem& p, std::int64_t qb) const { return {p.G, qb * bq}; }
+  // The rows of q block qb: its positions, of all G heads.
+  RowOrder row_order(const Problem& p, std::int64_t qb) const {
+    return {p.G, q_start[static_cast<std::size_t>(qb)]};
+  }
   std::int64_t rows(const Problem& p, std::int64_t qb) const;
   // The most pieces any q block is split into (1: none).
   std::int64_t max_splits() const;
@@ -66,8 +71,10 @@ struct TaskPlan {
   KeySums key_sums() const;
 };
 
-// Tasks for every (b, kv head, q block of bq positions) of p, KV pieces aligned to bkv blocks.
-TaskPlan plan_tasks(const Problem& p, std::int64_t bq, std::int64_t bkv);
+// Tasks for every (b, kv head, q block of at most bq positions) of p, KV pieces aligned to bkv blocks.
+// With packed sequences the q blocks are cut at the sequences' boundaries unless `whole_rows` (the
+// backward, whose tasks take every row of a head and one q block of all T positions).
+TaskPlan plan_tasks(const Problem& p, std::int64_t bq, std::int64_t bkv, bool whole_rows = false);
 
 // Partial results of split tasks: per slot O [rows][ldo] fp32, m [rows], l [rows].
 struct SplitPartials {

@@ -25,6 +25,7 @@ std::int64_t check_plan(const Problem& p, std::int64_t bq, std::int64_t bkv) {
   for (std::int64_t b = 0; b < p.B; ++b)
     for (std::int64_t kh = 0; kh < p.K; ++kh)
       for (std::int64_t qb = 0; qb * bq < p.T; ++qb) {
+        EXPECT_EQ(plan.q_start[static_cast<std::size_t>(qb)], qb * bq);
         const KeyRange keys = p.visible_keys(qb * bq, std::min(p.T, (qb + 1) * bq));
         EXPECT_LT(i, plan.tasks.size());
         if (i >= plan.tasks.size()) return 0;
@@ -89,6 +90,26 @@ TEST(KvSplits, EmptyRangesGiveOneTaskThatFinishesItsRows) {
     EXPECT_EQ(t.slot, -1);
   }
   EXPECT_TRUE(plan.merges.empty());
+}
+
+// Packed sequences: q blocks are cut at every sequence's first query, so a block's rows share one
+// sequence's keys (decode's rows too); the backward's whole-rows plan keeps one block of all T.
+TEST(KvSplits, QBlocksStopAtSequenceBoundaries) {
+  Problem p = shape(1, 2, 2, 13, 40);
+  p.causal = true;
+  // Sequences: queries [0,5) keys [0,10); [5,6) keys [10,30); [6,13) keys [30,40).
+  p.sequences = {{0, 5, 0, 10, 5}, {5, 6, 10, 30, 19}, {6, 13, 30, 40, 3}};
+  const TaskPlan plan = plan_tasks(p, 4, 8);
+  EXPECT_EQ(plan.q_start, (std::vector<std::int64_t>{0, 4, 5, 6, 10, 13}));
+  for (const FlashTask& t : plan.tasks) {
+    const auto qb = static_cast<std::size_t>(t.qb);
+    const Problem::Sequence& s = p.sequence_of(plan.q_start[qb]);
+    EXPECT_EQ(&s, &p.sequence_of(plan.q_start[qb + 1] - 1)) << "q block " << qb << " straddles a boundary";
+    EXPECT_GE(t.keys.begin, s.k_begin);
+    EXPECT_LE(t.keys.end, s.k_end);
+  }
+  EXPECT_EQ(plan_tasks(p, 13, 8, /*whole_rows=*/true).q_start, (std::vector<std::int64_t>{0, 13}));
+  EXPECT_TRUE(plan_tasks(shape(1, 1, 1, 0, 5), 4, 8).q_start.size() == 1) << "T = 0: no q block";
 }
 
 TEST(KvSplits, ThePlanDoesNotDependOnTheThreadCount) {

@@ -174,7 +174,7 @@ TEST(SoftcapOption, BadValuesAreErrors) {
   const Shape shape{1, 1, 1, 2, 3, 8};
   AttentionCase c = make_case(shape, DType::f32, DType::f32, Layout::contiguous, 600);
   for (const double bad : {-1.0, -0.0 - 1e-300, std::numeric_limits<double>::quiet_NaN(),
-                           std::numeric_limits<double>::infinity(), 1e39, 1e-40}) {
+                           std::numeric_limits<double>::infinity(), 1e39, 1e-40, 0x1p127}) {
     Options o;
     o.softcap = bad;
     try {
@@ -188,6 +188,13 @@ TEST(SoftcapOption, BadValuesAreErrors) {
   o.softcap = 30.0;
   EXPECT_THROW(linear_attention(c.out, c.q, c.k, c.v, o), Error);
   EXPECT_NO_THROW(attention(c.out, c.q, c.k, c.v, o));
+  o.softcap = 0x1p126;  // the largest cap whose reciprocal is a normal float
+  EXPECT_NO_THROW(attention(c.out, c.q, c.k, c.v, o));
+  // Sinks, too, need a softmax: linear attention refuses them rather than ignoring them.
+  const float sinks[1] = {5.0f};
+  Options with_sinks;
+  with_sinks.sinks = sinks;
+  EXPECT_THROW(linear_attention(c.out, c.q, c.k, c.v, with_sinks), Error);
 }
 
 }  // namespace
