@@ -176,9 +176,8 @@ struct Options {
   std::int64_t num_sequences = 0;
   Precision precision = Precision::bf16;
   // Logit softcap (Gemma 2): 0 = off; else c in [2^-126, 2^126] (c and 1/c normal floats), and every
-  // logit s = scale q.k becomes
-  // c tanh(s / c), in (-c, c), before the softmax (masked keys stay masked). A NaN logit stays NaN;
-  // an infinite one becomes +-c. The kernels' tanh is within kTanhMaxRelError (2^-21) of the exact
+  // logit s = scale q.k becomes c tanh(s / c), in (-c, c), before the softmax (masked keys stay
+  // masked). A NaN logit stays NaN; an infinite one becomes +-c. The kernels' tanh is within kTanhMaxRelError (2^-21) of the exact
   // one (kernels/microkernels.hpp). The backward multiplies dS by the cap's derivative 1 - tanh^2(s/c).
   // Every algorithm takes it; linear_attention rejects it (it has no softmax).
   double softcap = 0.0;
