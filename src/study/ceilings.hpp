@@ -53,6 +53,13 @@ double f32_fma_loop_avx2(long iterations, float* sink);
 // Stream `bytes` once; with ahead > 0 they also prefetch the start of the 4 KiB page `ahead` bytes on.
 double read_loop_avx512(const void* data, long bytes, long ahead, long* sink);
 double read_loop_avx2(const void* data, long bytes, long ahead, long* sink);
+// aarch64 (ceilings_neon.cpp).
+double f32_fma_loop_neon(long iterations, float* sink);
+double read_loop_neon(const void* data, long bytes, long ahead, long* sink);
+// Plain C++, every architecture (ceilings.cpp).
+double f32_fma_loop_portable(long iterations, float* sink);
+double read_loop_portable(const void* data, long bytes, long ahead, long* sink);
 }  // namespace detail
+
 
 }  // namespace flashgqa::study

@@ -12,7 +12,9 @@
 
 namespace flashgqa::testing {
 
-inline constexpr std::array<Isa, 4> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16};
+// Every path of every architecture: on x86-64 the aarch64 ones skip, and under aarch64 the x86 ones.
+inline constexpr std::array<Isa, 5> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16,
+                                                Isa::neon};
 
 class IsaTest : public ::testing::TestWithParam<Isa> {
  protected:
