@@ -22,7 +22,7 @@ struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
-  bool asimd = false;                   // aarch64 Advanced SIMD (HWCAP_ASIMD)
+  bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
 };
 
 #ifdef FLASHGQA_X86
@@ -59,7 +59,9 @@ Features detect() {
 #endif
 #ifdef FLASHGQA_ARM_LINUX
   constexpr unsigned long kHwcapAsimd = 1ul << 1;  // HWCAP_ASIMD, <asm/hwcap.h>
+  constexpr unsigned long kHwcap2Bf16 = 1ul << 14;  // HWCAP2_BF16
   f.asimd = (getauxval(AT_HWCAP) & kHwcapAsimd) != 0;
+  f.bf16 = (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
 #endif
   return f;
 }
@@ -69,8 +71,8 @@ const Features& features() {
   return f;
 }
 
-constexpr Isa kIsas[] = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon};
-constexpr const char* kExpected = "expected avx512bf16, avx512f, avx2, neon or portable";
+constexpr Isa kIsas[] = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16};
+constexpr const char* kExpected = "expected avx512bf16, avx512f, avx2, neon-bf16, neon or portable";
 
 constexpr int kUnset = -1;
 std::atomic<int> g_isa{kUnset};
@@ -84,6 +86,7 @@ const char* isa_name(Isa isa) {
     case Isa::avx512f: return "avx512f";
     case Isa::avx512bf16: return "avx512bf16";
     case Isa::neon: return "neon";
+    case Isa::neon_bf16: return "neon-bf16";
   }
   return "unknown";
 }
@@ -104,6 +107,7 @@ bool isa_supported(Isa isa) {
     case Isa::avx512f: return avx512;
     case Isa::avx512bf16: return avx512 && f.avx512bf16;
     case Isa::neon: return f.asimd;
+    case Isa::neon_bf16: return f.asimd && f.bf16;
   }
   return false;
 }

@@ -178,8 +178,16 @@ Ceiling measure_bf16_peak(int threads, int repeats) {
     g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
     return f;
   });
+#elif defined(FLASHGQA_ARM_CEILINGS)
+  if (!isa_supported(Isa::neon_bf16)) return measure_f32_peak(threads, repeats);
+  return measure(threads, repeats, [](int) {
+    float s = 0;
+    const double f = detail::bf16_dot_loop_neon(2'000'000, &s);
+    g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
+    return f;
+  });
 #else
-  return measure_f32_peak(threads, repeats);  // no bf16 instruction loop outside x86-64 yet
+  return measure_f32_peak(threads, repeats);
 #endif
 }
 
@@ -213,6 +221,7 @@ Ceilings measure_ceilings(int threads, int repeats) {
   c.cpu = cpu_model();
   c.threads = threads;
   c.bf16_instruction = isa_supported(Isa::avx512bf16) ? "vdpbf16ps"
+                       : isa_supported(Isa::neon_bf16)  ? "bfdot v.4s"
                        : isa_supported(Isa::avx512f)  ? "vfmadd231ps zmm (bf16 widened)"
                        : isa_supported(Isa::avx2)     ? "vfmadd231ps ymm (bf16 widened)"
                        : isa_supported(Isa::neon)     ? "fmla v.4s (bf16 widened)"
