@@ -1,8 +1,9 @@
 // This machine's ceilings, measured by its own micro-benchmarks on a given number of threads: the
 // peak of the bf16 matmul instruction (vdpbf16ps where the CPU has AVX512_BF16, BFDOT where it has
-// FEAT_BF16, else the fp32 FMA the widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2 read bandwidth. Each is the median
-// of repeated runs, with its min and max. Cached per CPU model and thread count in the user's cache
-// folder (user_cache_dir()/ceilings.tsv, see tune_cache.hpp), reused until asked to remeasure.
+// FEAT_BF16, else the fp32 FMA the widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2
+// read bandwidth. Each is the median of repeated runs, with its min and max. Cached per CPU model and
+// thread count in the user's cache folder (user_cache_dir()/ceilings.tsv, see tune_cache.hpp), reused
+// until asked to remeasure.
 #pragma once
 
 #include <optional>
