@@ -11,8 +11,11 @@ double bf16_dot_loop_neon(long iterations, float* sink) {
   constexpr int kChains = 16;
   float32x4_t acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = vdupq_n_f32(static_cast<float>(c));
-  const bfloat16x8_t a = vreinterpretq_bf16_u32(vdupq_n_u32(0x3f803f80u));  // (1.0, 1.0) pairs
-  const bfloat16x8_t b = vreinterpretq_bf16_u32(vdupq_n_u32(0x00010001u));  // tiny: accumulators stay finite
+  uint32x4_t ones = vdupq_n_u32(0x3f803f80u);  // (1.0, 1.0) pairs
+  uint32x4_t tiny = vdupq_n_u32(0x00010001u);  // accumulators stay finite
+  // Opaque to GCC 12, which would otherwise build the constant with an fp16 FMOV (not in +bf16).
+  __asm__("" : "+w"(ones), "+w"(tiny));
+  const bfloat16x8_t a = vreinterpretq_bf16_u32(ones), b = vreinterpretq_bf16_u32(tiny);
   for (long i = 0; i < iterations; ++i)
     for (int c = 0; c < kChains; ++c) acc[c] = vbfdotq_f32(acc[c], a, b);
   float32x4_t total = acc[0];
