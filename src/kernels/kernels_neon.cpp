@@ -20,8 +20,6 @@ namespace flashgqa {
 namespace {
 
 constexpr int kMR = 5;
-constexpr int kHalf = 16;         // columns per half tile
-constexpr int kVecs = kHalf / 4;  // q registers per half-tile row
 
 // acc[r][0..4) += sum_{i < n} a[r][i] * b[i][c0 .. c0+16), b rows of 32 floats.
 template <int R>
@@ -42,30 +40,16 @@ inline void dot_rows_half(float32x4_t (&acc)[R][kVecs], const float* a, std::int
 
 template <int R>
 void qk_rows(const QkTile& t) {
-  const float32x4_t scale = vdupq_n_f32(t.scale);
-  for (int c0 = 0; c0 < kPanelKeys; c0 += kHalf) {
-    float32x4_t acc[R][kVecs];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = vdupq_n_f32(0.0f);
+  qk_halves<R>(t, [&t](float32x4_t (&acc)[R][kVecs], int c0) {
     dot_rows_half<R>(acc, static_cast<const float*>(t.q), t.ldq, static_cast<const float*>(t.k), t.Hp, c0);
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.s + r * t.lds + c0 + 4 * v, vmulq_f32(acc[r][v], scale));
-  }
+  });
 }
 
 template <int R>
 void pv_rows(const PvTile& t) {
-  for (int c0 = 0; c0 < kHTile; c0 += kHalf) {
-    float32x4_t acc[R][kVecs];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) {
-        acc[r][v] = vld1q_f32(t.o + r * t.ldo + c0 + 4 * v);
-        if (t.corr) acc[r][v] = vmulq_n_f32(acc[r][v], t.corr[r]);
-      }
+  pv_halves<R>(t, [&t](float32x4_t (&acc)[R][kVecs], int c0) {
     dot_rows_half<R>(acc, static_cast<const float*>(t.p), t.ldp, static_cast<const float*>(t.v), t.nkeys, c0);
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.o + r * t.ldo + c0 + 4 * v, acc[r][v]);
-  }
+  });
 }
 
 void qk_tile_5x32(const QkTile& t) {

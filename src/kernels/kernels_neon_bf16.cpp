@@ -24,8 +24,6 @@ namespace flashgqa {
 namespace {
 
 constexpr int kMR = 5;
-constexpr int kHalf = 16;         // columns per half tile
-constexpr int kVecs = kHalf / 4;  // q registers per half-tile row
 
 // acc[r][0..4) += dot(a[r] pair i, b[i] pairs c0 .. c0+16) for the pair steps i given by load_a: the
 // broadcast operand of row r at step i is lane L of x[r] (lane-indexed BFDOT).
@@ -65,32 +63,16 @@ inline void dot_pairs_half(float32x4_t (&acc)[R][kVecs], const std::uint32_t* a,
 
 template <int R>
 void qk_rows(const QkTile& t) {
-  const float32x4_t scale = vdupq_n_f32(t.scale);
-  for (int c0 = 0; c0 < kPanelKeys; c0 += kHalf) {
-    float32x4_t acc[R][kVecs];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = vdupq_n_f32(0.0f);
-    dot_pairs_half<R>(acc, static_cast<const std::uint32_t*>(t.q), t.ldq / 2,
-                      static_cast<const std::uint32_t*>(t.k), t.Hp / 2, c0);
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.s + r * t.lds + c0 + 4 * v, vmulq_f32(acc[r][v], scale));
-  }
+  qk_halves<R>(t, [&t](float32x4_t (&acc)[R][kVecs], int c0) {
+    dot_pairs_half<R>(acc, static_cast<const std::uint32_t*>(t.q), t.ldq / 2, static_cast<const std::uint32_t*>(t.k), t.Hp / 2, c0);
+  });
 }
 
 template <int R>
 void pv_rows(const PvTile& t) {
-  for (int c0 = 0; c0 < kHTile; c0 += kHalf) {
-    float32x4_t acc[R][kVecs];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) {
-        acc[r][v] = vld1q_f32(t.o + r * t.ldo + c0 + 4 * v);
-        if (t.corr) acc[r][v] = vmulq_n_f32(acc[r][v], t.corr[r]);
-      }
-    dot_pairs_half<R>(acc, static_cast<const std::uint32_t*>(t.p), t.ldp / 2,
-                      static_cast<const std::uint32_t*>(t.v), t.nkeys / 2, c0);
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.o + r * t.ldo + c0 + 4 * v, acc[r][v]);
-  }
+  pv_halves<R>(t, [&t](float32x4_t (&acc)[R][kVecs], int c0) {
+    dot_pairs_half<R>(acc, static_cast<const std::uint32_t*>(t.p), t.ldp / 2, static_cast<const std::uint32_t*>(t.v), t.nkeys / 2, c0);
+  });
 }
 
 void qk_tile_5x32(const QkTile& t) {

@@ -1,5 +1,6 @@
-// NEON helpers shared by kernels_neon.cpp and kernels_neon_bf16.cpp: the vector exp and tanh, exact
-// bf16 rounding, lane masks, and the softmax row loop (contract in microkernels.hpp).
+// NEON helpers shared by kernels_neon.cpp and kernels_neon_bf16.cpp: the half-tile drivers of qk_tile
+// and pv_tile, the vector exp and tanh, exact bf16 rounding, lane masks, and the softmax row loop
+// (contract in microkernels.hpp).
 //
 // Include ONLY from the aarch64 kernel files: everything here is in an anonymous namespace, so each
 // unit gets its own copy, compiled with that unit's flags (as avx512_helpers.hpp does on x86-64).
@@ -17,6 +18,39 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int32_t kExpBias = 127;  // fp32 exponent bias
+constexpr int kHalf = 16;               // columns per half tile (both NEON sets: 5 x 32 as two 5 x 16)
+constexpr int kVecs = kHalf / 4;        // q registers per half-tile row
+
+// qk_tile's R rows as two 16-key halves: dot(acc, c0) adds Q . K for keys c0 .. c0+16 into acc.
+template <int R, typename Dot>
+inline void qk_halves(const QkTile& t, Dot dot) {
+  const float32x4_t scale = vdupq_n_f32(t.scale);
+  for (int c0 = 0; c0 < kPanelKeys; c0 += kHalf) {
+    float32x4_t acc[R][kVecs];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = vdupq_n_f32(0.0f);
+    dot(acc, c0);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.s + r * t.lds + c0 + 4 * v, vmulq_f32(acc[r][v], scale));
+  }
+}
+
+// pv_tile's R rows as two 16-column halves: O rescaled by corr, then dot(acc, c0) adds P . V for
+// columns c0 .. c0+16.
+template <int R, typename Dot>
+inline void pv_halves(const PvTile& t, Dot dot) {
+  for (int c0 = 0; c0 < kHTile; c0 += kHalf) {
+    float32x4_t acc[R][kVecs];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) {
+        acc[r][v] = vld1q_f32(t.o + r * t.ldo + c0 + 4 * v);
+        if (t.corr) acc[r][v] = vmulq_n_f32(acc[r][v], t.corr[r]);
+      }
+    dot(acc, c0);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kVecs; ++v) vst1q_f32(t.o + r * t.ldo + c0 + 4 * v, acc[r][v]);
+  }
+}
 
 // 2^x, the polynomial of exp_poly.hpp: clamp to [kMinExp2, kMaxExp2] (FMAX/FMIN keep NaN),
 // n = floor(x), f = x - n, P(f), then times 2^n as two normal powers of two 2^(n/2 rounded down) and

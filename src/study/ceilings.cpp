@@ -172,22 +172,20 @@ Ceiling measure_f32_peak(int threads, int repeats) {
 Ceiling measure_bf16_peak(int threads, int repeats) {
 #if defined(FLASHGQA_X86_CEILINGS)
   if (!isa_supported(Isa::avx512bf16)) return measure_f32_peak(threads, repeats);
-  return measure(threads, repeats, [](int) {
-    float s = 0;
-    const double f = detail::bf16_dot_loop(2'000'000, &s);
-    g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
-    return f;
-  });
+  const auto loop = detail::bf16_dot_loop;
 #elif defined(FLASHGQA_ARM_CEILINGS)
   if (!isa_supported(Isa::neon_bf16)) return measure_f32_peak(threads, repeats);
-  return measure(threads, repeats, [](int) {
+  const auto loop = detail::bf16_dot_loop_neon;
+#else
+  return measure_f32_peak(threads, repeats);
+#endif
+#if defined(FLASHGQA_X86_CEILINGS) || defined(FLASHGQA_ARM_CEILINGS)
+  return measure(threads, repeats, [loop](int) {
     float s = 0;
-    const double f = detail::bf16_dot_loop_neon(2'000'000, &s);
+    const double f = loop(2'000'000, &s);
     g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
     return f;
   });
-#else
-  return measure_f32_peak(threads, repeats);
 #endif
 }
 
