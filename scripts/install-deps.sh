@@ -15,6 +15,12 @@ if [ "${FLASHGQA_SANITIZE:-0}" = thread ] || [ "${FLASHGQA_FUZZ:-0}" = 1 ]; then
   command -v clang++ >/dev/null 2>&1 || need+=(clang)
   dpkg -s libomp-dev >/dev/null 2>&1 || need+=(libomp-dev)
 fi
+# The aarch64 cross build under qemu (scripts/test-aarch64.sh sets FLASHGQA_CROSS=1): Debian's cross
+# compiler (with its libgomp) and qemu-user; GoogleTest's sources come with libgtest-dev above.
+if [ "${FLASHGQA_CROSS:-0}" = 1 ]; then
+  command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || need+=(g++-aarch64-linux-gnu)
+  command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
+fi
 if ((${#need[@]})); then
   echo "install-deps: installing ${need[*]}" >&2
   SUDO=""

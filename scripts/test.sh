@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds flashgqa (Release) and runs every test through ctest, builds and runs examples/cpp against the
-# installed package, then the Python package's tests.
+# installed package, the C++ suite cross-built for aarch64 under qemu (scripts/test-aarch64.sh), then
+# the Python package's tests.
 #   FLASHGQA_SANITIZE=1 scripts/test.sh        builds in build-asan with AddressSanitizer + UBSan instead.
 #   FLASHGQA_SANITIZE=thread scripts/test.sh   builds in build-tsan with ThreadSanitizer instead: clang
 #     with LLVM's OpenMP runtime (libomp), which is not instrumented; TSan's
@@ -43,6 +44,13 @@ cmake -S examples/cpp -B "$dir/example" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFI
   "${example_cxx[@]}" "${example_flags[@]}" >/dev/null
 cmake --build "$dir/example" -j "$jobs"
 "$dir/example/flashgqa_example"
+
+# The same C++ suite built for aarch64 and run under qemu (scripts/test-aarch64.sh; a documented
+# subset, every aarch64 path forced in turn; about 7 minutes on 2 cores). Not under the sanitizers
+# (one emulated run is enough); FLASHGQA_AARCH64=0 skips it.
+if [ "${FLASHGQA_SANITIZE:-0}" = 0 ] && [ "${FLASHGQA_AARCH64:-1}" = 1 ]; then
+  scripts/test-aarch64.sh
+fi
 
 # The Python package (python/README.md): install it from this tree and run its tests. Skipped under
 # the sanitizers (a sanitized library cannot be loaded into an uninstrumented Python). torch is

@@ -10,6 +10,10 @@
 #include <cpuid.h>
 #define FLASHGQA_X86 1
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define FLASHGQA_ARM_LINUX 1
+#endif
 
 namespace flashgqa {
 namespace {
@@ -18,6 +22,7 @@ struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
+  bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
 };
 
 #ifdef FLASHGQA_X86
@@ -52,6 +57,12 @@ Features detect() {
     f.avx512bf16 = (a >> 5) & 1u;
   }
 #endif
+#ifdef FLASHGQA_ARM_LINUX
+  constexpr unsigned long kHwcapAsimd = 1ul << 1;  // HWCAP_ASIMD, <asm/hwcap.h>
+  constexpr unsigned long kHwcap2Bf16 = 1ul << 14;  // HWCAP2_BF16
+  f.asimd = (getauxval(AT_HWCAP) & kHwcapAsimd) != 0;
+  f.bf16 = (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
+#endif
   return f;
 }
 
@@ -59,6 +70,9 @@ const Features& features() {
   static const Features f = detect();
   return f;
 }
+
+constexpr Isa kIsas[] = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16};
+constexpr const char* kExpected = "expected avx512bf16, avx512f, avx2, neon-bf16, neon or portable";
 
 constexpr int kUnset = -1;
 std::atomic<int> g_isa{kUnset};
@@ -71,14 +85,16 @@ const char* isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512f: return "avx512f";
     case Isa::avx512bf16: return "avx512bf16";
+    case Isa::neon: return "neon";
+    case Isa::neon_bf16: return "neon-bf16";
   }
   return "unknown";
 }
 
 Isa parse_isa(const std::string& name) {
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+  for (Isa isa : kIsas)
     if (name == isa_name(isa)) return isa;
-  throw Error("isa: '" + name + "', expected avx512bf16, avx512f, avx2 or portable");
+  throw Error("isa: '" + name + "', " + kExpected);
 }
 
 bool isa_supported(Isa isa) {
@@ -90,13 +106,15 @@ bool isa_supported(Isa isa) {
     case Isa::avx2: return avx2;
     case Isa::avx512f: return avx512;
     case Isa::avx512bf16: return avx512 && f.avx512bf16;
+    case Isa::neon: return f.asimd;
+    case Isa::neon_bf16: return f.asimd && f.bf16;
   }
   return false;
 }
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> out;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+  for (Isa isa : kIsas)
     if (isa_supported(isa)) out.push_back(isa);
   return out;
 }
@@ -122,7 +140,7 @@ Isa active_isa() {
     try {
       requested = parse_isa(env);
     } catch (const Error&) {
-      throw Error(std::string("FLASHGQA_ISA: '") + env + "', expected avx512bf16, avx512f, avx2 or portable");
+      throw Error(std::string("FLASHGQA_ISA: '") + env + "', " + kExpected);
     }
     if (!isa_supported(requested))
       throw Error(std::string("FLASHGQA_ISA: '") + env +

@@ -15,6 +15,14 @@ const FlashKernels& kernels_for(Isa isa, Precision precision) {
     case Isa::avx512f: return avx512f_kernels();
     case Isa::avx2: return avx2_kernels();
     case Isa::portable: return portable_kernels();
+    case Isa::neon:
+    case Isa::neon_bf16: break;  // not supported on x86-64 (checked above)
+  }
+#elif defined(FLASHGQA_ARM_KERNELS)
+  switch (isa) {
+    case Isa::neon_bf16: return precision == Precision::bf16 ? neon_bf16_kernels() : neon_kernels();
+    case Isa::neon: return neon_kernels();
+    default: break;
   }
 #else
   (void)precision;

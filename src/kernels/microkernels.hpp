@@ -9,11 +9,11 @@
 //
 // Two operand families; a kernel set implements exactly one (FlashKernels::operand_bytes):
 //   bf16 pairs (2 bytes): operands are bfloat16 bit patterns, stored so that the two values a
-//              `vdpbf16ps` lane multiplies together (consecutive along the reduction dimension) sit
-//              in one 32-bit word. Used by avx512bf16 for Precision::bf16.
+//              `vdpbf16ps` (or BFDOT) lane multiplies together (consecutive along the reduction
+//              dimension) sit in one 32-bit word. Used by avx512bf16 and neon-bf16 for Precision::bf16.
 //   fp32 (4 bytes):  operands are floats. Under Precision::bf16 they hold bf16-rounded values (exact
 //              in fp32); under Precision::f32 the input values themselves. Used by avx512f, avx2,
-//              portable, and by every set for Precision::f32.
+//              neon, portable, and by every set for Precision::f32.
 //
 // Sizes: Hp = H rounded up to kHTile; a KV block of n keys is padded to npad = n rounded up to
 // kPanelKeys. Padding is always zeros (never garbage: 0 * NaN would poison a row).
@@ -35,8 +35,9 @@
 // tile kernel takes rows in [1, MR] (the last row tile of a block is partial); columns are always a
 // full 32 because the packed operands are zero padded. Leading dimensions are in elements and every
 // buffer the policy passes is 64-byte aligned with 64-byte multiple leading dimensions.
-// MR per set: avx512bf16 12 (24 zmm accumulators), avx512f 12, avx2 6 (as two 6x16 halves), portable 8.
-// vdpbf16ps and vcvtne2ps2bf16 treat bf16/fp32 subnormals as zero: differences below 2^-126 in an
+// MR per set: avx512bf16 12 (24 zmm accumulators), avx512f 12, avx2 6 (as two 6x16 halves), neon and
+// neon-bf16 5 (as two 5x16 halves), portable 8.
+// vdpbf16ps, vcvtne2ps2bf16 and BFDOT treat bf16/fp32 subnormals as zero: differences below 2^-126 in an
 // operand or a weight are allowed (the tests bound them).
 //
 //   qk_tile:      S[r][0..32) = scale * sum_{h<Hp} Q[r][h] K[j][h]       (overwrites; fp32 accumulate)
@@ -202,16 +203,18 @@ struct FlashKernels {
   void (*decode_pv_rows)(const DecodePv& t) = nullptr;
 };
 
-// The kernel set for a path and precision: avx512bf16 for bf16, otherwise the fp32 family of the
-// path (avx512bf16 runs Precision::f32 on its avx512f kernels). The path must be compiled in and
+// The kernel set for a path and precision: avx512bf16 / neon-bf16 for bf16, otherwise the fp32 family
+// of the path (avx512bf16 runs Precision::f32 on its avx512f kernels, neon-bf16 on its neon ones). The path must be compiled in and
 // supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
-// Per-ISA sets, defined in their translation units (only on x86-64 for the non-portable ones).
+// Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
 const FlashKernels& portable_kernels();
 const FlashKernels& avx2_kernels();
 const FlashKernels& avx512f_kernels();
 const FlashKernels& avx512bf16_kernels();
+const FlashKernels& neon_kernels();
+const FlashKernels& neon_bf16_kernels();
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp).
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);

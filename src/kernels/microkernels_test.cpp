@@ -346,7 +346,7 @@ TEST(Microkernels, PackingRoundsLikeTheReference) {
 }
 
 TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16})
     EXPECT_EQ(parse_isa(isa_name(isa)), isa);
   EXPECT_THROW(parse_isa("sse9"), Error);
   EXPECT_TRUE(isa_supported(Isa::portable));
@@ -356,7 +356,7 @@ TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
     set_isa(isa);
     EXPECT_EQ(active_isa(), isa);
   }
-  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16})
+  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16})
     if (!isa_supported(isa)) {
       EXPECT_THROW(set_isa(isa), Error);
     }

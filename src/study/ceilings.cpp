@@ -22,6 +22,34 @@
 #endif
 
 namespace flashgqa::study {
+
+namespace detail {
+
+// A portable read loop for machines without vector loops (or a build without them).
+double read_loop_portable(const void* data, long bytes, long ahead, long* sink) {
+  const auto* p = static_cast<const std::uint64_t*>(data);
+  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (long i = 0; i < bytes / 8; i += 4) {
+#if defined(__GNUC__)
+    if (ahead > 0 && (reinterpret_cast<std::uintptr_t>(p + i) & 4095) < 32 && i * 8 + ahead < bytes)
+      __builtin_prefetch(p + i + ahead / 8, 0, 2);
+#endif
+    a0 ^= p[i], a1 ^= p[i + 1], a2 ^= p[i + 2], a3 ^= p[i + 3];
+  }
+  *sink += static_cast<long>(a0 ^ a1 ^ a2 ^ a3);
+  return static_cast<double>(bytes);
+}
+
+double f32_fma_loop_portable(long iterations, float* sink) {
+  float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (long i = 0; i < iterations; ++i)
+    for (float& a : acc) a = a * 0.999999f + 1e-7f;
+  for (float a : acc) *sink += a;
+  return static_cast<double>(iterations) * 8 * 2;
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr const char* kHeader = "# flashgqa ceilings v2";  // v2: DRAM = the better of two read loops
@@ -57,29 +85,6 @@ Ceiling measure(int threads, int repeats, const std::function<double(int)>& work
   return {rates[rates.size() / 2], rates.front(), rates.back()};
 }
 
-
-// A portable read loop for machines without AVX2.
-double read_loop_portable(const void* data, long bytes, long ahead, long* sink) {
-  const auto* p = static_cast<const std::uint64_t*>(data);
-  std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  for (long i = 0; i < bytes / 8; i += 4) {
-#if defined(__GNUC__)
-    if (ahead > 0 && (reinterpret_cast<std::uintptr_t>(p + i) & 4095) < 32 && i * 8 + ahead < bytes)
-      __builtin_prefetch(p + i + ahead / 8, 0, 2);
-#endif
-    a0 ^= p[i], a1 ^= p[i + 1], a2 ^= p[i + 2], a3 ^= p[i + 3];
-  }
-  *sink += static_cast<long>(a0 ^ a1 ^ a2 ^ a3);
-  return static_cast<double>(bytes);
-}
-
-double fma_loop_portable(long iterations, float* sink) {
-  float acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-  for (long i = 0; i < iterations; ++i)
-    for (float& a : acc) a = a * 0.999999f + 1e-7f;
-  for (float a : acc) *sink += a;
-  return static_cast<double>(iterations) * 8 * 2;
-}
 
 std::string line_of(const Ceilings& c) {
   std::ostringstream os;
@@ -126,18 +131,32 @@ std::vector<AlignedBuffer> thread_buffers(int threads, std::size_t bytes) {
 // One streaming pass over `bytes` with the widest loads this CPU has (`ahead`: see read_loop_avx512).
 double read_pass(const void* p, long bytes, long ahead = 0) {
   long sink = 0;
+#if defined(FLASHGQA_X86_CEILINGS)
   const double b = isa_supported(Isa::avx512f) ? detail::read_loop_avx512(p, bytes, ahead, &sink)
                    : isa_supported(Isa::avx2)  ? detail::read_loop_avx2(p, bytes, ahead, &sink)
-                                               : read_loop_portable(p, bytes, ahead, &sink);
+                                               : detail::read_loop_portable(p, bytes, ahead, &sink);
+#elif defined(FLASHGQA_ARM_CEILINGS)
+  const double b = isa_supported(Isa::neon) ? detail::read_loop_neon(p, bytes, ahead, &sink)
+                                            : detail::read_loop_portable(p, bytes, ahead, &sink);
+#else
+  const double b = detail::read_loop_portable(p, bytes, ahead, &sink);
+#endif
   g_sink_bytes.fetch_add(sink * 0, std::memory_order_relaxed);
   return b;
 }
 
 double fma_run() {
   float s = 0;
+#if defined(FLASHGQA_X86_CEILINGS)
   const double f = isa_supported(Isa::avx512f) ? detail::f32_fma_loop_avx512(2'000'000, &s)
                    : isa_supported(Isa::avx2)  ? detail::f32_fma_loop_avx2(2'000'000, &s)
-                                               : fma_loop_portable(4'000'000, &s);
+                                               : detail::f32_fma_loop_portable(4'000'000, &s);
+#elif defined(FLASHGQA_ARM_CEILINGS)
+  const double f = isa_supported(Isa::neon) ? detail::f32_fma_loop_neon(2'000'000, &s)
+                                            : detail::f32_fma_loop_portable(4'000'000, &s);
+#else
+  const double f = detail::f32_fma_loop_portable(4'000'000, &s);
+#endif
   g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
   return f;
 }
@@ -151,13 +170,23 @@ Ceiling measure_f32_peak(int threads, int repeats) {
 }
 
 Ceiling measure_bf16_peak(int threads, int repeats) {
+#if defined(FLASHGQA_X86_CEILINGS)
   if (!isa_supported(Isa::avx512bf16)) return measure_f32_peak(threads, repeats);
-  return measure(threads, repeats, [](int) {
+  const auto loop = detail::bf16_dot_loop;
+#elif defined(FLASHGQA_ARM_CEILINGS)
+  if (!isa_supported(Isa::neon_bf16)) return measure_f32_peak(threads, repeats);
+  const auto loop = detail::bf16_dot_loop_neon;
+#else
+  return measure_f32_peak(threads, repeats);
+#endif
+#if defined(FLASHGQA_X86_CEILINGS) || defined(FLASHGQA_ARM_CEILINGS)
+  return measure(threads, repeats, [loop](int) {
     float s = 0;
-    const double f = detail::bf16_dot_loop(2'000'000, &s);
+    const double f = loop(2'000'000, &s);
     g_sink_bytes.fetch_add(static_cast<long>(s * 0), std::memory_order_relaxed);
     return f;
   });
+#endif
 }
 
 Ceiling measure_dram_read(int threads, int repeats) {
@@ -190,8 +219,10 @@ Ceilings measure_ceilings(int threads, int repeats) {
   c.cpu = cpu_model();
   c.threads = threads;
   c.bf16_instruction = isa_supported(Isa::avx512bf16) ? "vdpbf16ps"
+                       : isa_supported(Isa::neon_bf16)  ? "bfdot v.4s"
                        : isa_supported(Isa::avx512f)  ? "vfmadd231ps zmm (bf16 widened)"
                        : isa_supported(Isa::avx2)     ? "vfmadd231ps ymm (bf16 widened)"
+                       : isa_supported(Isa::neon)     ? "fmla v.4s (bf16 widened)"
                                                       : "scalar fp32 (bf16 widened)";
   c.f32_flops = measure_f32_peak(threads, repeats);
   c.bf16_flops = measure_bf16_peak(threads, repeats);

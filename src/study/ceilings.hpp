@@ -1,8 +1,9 @@
 // This machine's ceilings, measured by its own micro-benchmarks on a given number of threads: the
-// peak of the bf16 matmul instruction (vdpbf16ps where the CPU has AVX512_BF16, else the fp32 FMA the
-// widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2 read bandwidth. Each is the median
-// of repeated runs, with its min and max. Cached per CPU model and thread count in the user's cache
-// folder (user_cache_dir()/ceilings.tsv, see tune_cache.hpp), reused until asked to remeasure.
+// peak of the bf16 matmul instruction (vdpbf16ps where the CPU has AVX512_BF16, BFDOT where it has
+// FEAT_BF16, else the fp32 FMA the widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2
+// read bandwidth. Each is the median of repeated runs, with its min and max. Cached per CPU model and
+// thread count in the user's cache folder (user_cache_dir()/ceilings.tsv, see tune_cache.hpp), reused
+// until asked to remeasure.
 #pragma once
 
 #include <optional>
@@ -20,7 +21,7 @@ struct Ceiling {
 struct Ceilings {
   std::string cpu;
   int threads = 0;
-  std::string bf16_instruction;  // "vdpbf16ps", or the fp32 FMA it falls back to
+  std::string bf16_instruction;  // "vdpbf16ps", "bfdot v.4s", or the fp32 FMA it falls back to
   Ceiling bf16_flops, f32_flops, dram_bytes, l2_bytes;
 };
 
@@ -29,7 +30,7 @@ Ceilings measure_ceilings(int threads, int repeats = 5);
 
 // The single ceilings, each over `repeats` runs after a warm-up on `threads` threads (the benchmark
 // measures them right before each of its runs).
-Ceiling measure_bf16_peak(int threads, int repeats);  // vdpbf16ps, or the fp32 FMA without it
+Ceiling measure_bf16_peak(int threads, int repeats);  // vdpbf16ps / BFDOT, or the fp32 FMA without
 Ceiling measure_f32_peak(int threads, int repeats);
 // 128 MiB streamed per thread, by two loops: plain loads, and plain loads plus a prefetch of each
 // 4 KiB page kDramPageAhead bytes before it is read (on this VM the hardware prefetchers restart at
@@ -53,6 +54,14 @@ double f32_fma_loop_avx2(long iterations, float* sink);
 // Stream `bytes` once; with ahead > 0 they also prefetch the start of the 4 KiB page `ahead` bytes on.
 double read_loop_avx512(const void* data, long bytes, long ahead, long* sink);
 double read_loop_avx2(const void* data, long bytes, long ahead, long* sink);
+// aarch64 (ceilings_neon.cpp; ceilings_neon_bf16.cpp for FEAT_BF16 only).
+double bf16_dot_loop_neon(long iterations, float* sink);
+double f32_fma_loop_neon(long iterations, float* sink);
+double read_loop_neon(const void* data, long bytes, long ahead, long* sink);
+// Plain C++, every architecture (ceilings.cpp).
+double f32_fma_loop_portable(long iterations, float* sink);
+double read_loop_portable(const void* data, long bytes, long ahead, long* sink);
 }  // namespace detail
+
 
 }  // namespace flashgqa::study

@@ -12,7 +12,9 @@
 
 namespace flashgqa::testing {
 
-inline constexpr std::array<Isa, 4> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16};
+// Every path of every architecture: on x86-64 the aarch64 ones skip, and under aarch64 the x86 ones.
+inline constexpr std::array<Isa, 6> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16,
+                                                Isa::neon,     Isa::neon_bf16};
 
 class IsaTest : public ::testing::TestWithParam<Isa> {
  protected:
@@ -22,6 +24,12 @@ class IsaTest : public ::testing::TestWithParam<Isa> {
   Isa isa() const { return GetParam(); }
 };
 
-inline std::string isa_test_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
+// The path's name as a test name ('-' is not allowed there: neon-bf16 becomes neon_bf16).
+inline std::string isa_test_name(const ::testing::TestParamInfo<Isa>& info) {
+  std::string name = isa_name(info.param);
+  for (char& c : name)
+    if (c == '-') c = '_';
+  return name;
+}
 
 }  // namespace flashgqa::testing
