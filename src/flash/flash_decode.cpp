@@ -14,6 +14,18 @@
 // Few (b, kv head) pairs leave threads idle, so each pair's key range is split by the planner the
 // packed path uses (kv_splits.hpp: a task is one q block of all T positions), and the partial
 // (O, m, l) are merged in split order, so the result is bitwise the same for any number of threads.
+//
+// Row groups (the KV-cache API, G*T > kDecodeMaxRows): the T positions go in q blocks of
+// kDecodeMaxRows / G positions, each its own task that streams the keys its rows see. K/V are read
+// once per group instead of once (the groups of one kv head run close together, so the later reads
+// mostly hit the caches); the kernels stay the small-tile ones. With G*T <= kDecodeMaxRows there is one
+// group, as before.
+//
+// Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
+// inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
+// block is moved down to one, the extra keys masked), so every piece starts at a multiple of 16
+// columns of S and P; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key
+// order, so the pieces give the bits of one call over the same rows laid out densely.
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
@@ -37,20 +49,53 @@ constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (s
 
 struct Plan {
   const FlashKernels* kern = nullptr;
-  std::int64_t M = 0, Hp = 0;
-  TaskPlan work;  // one q block of all T positions per (b, kv head)
+  const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
+  std::int64_t M = 0, Hp = 0;      // M: the most rows of a task
+  TaskPlan work;  // q blocks of decode_positions(p) positions per (b, kv head)
 };
 
-Plan make_plan(const Problem& p, const FlashKernels& k) {
+Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   Plan plan;
   plan.kern = &k;
-  plan.M = p.G * p.T;
+  plan.pages = pages;
+  const std::int64_t bq = decode_positions(p);
+  plan.M = p.G * bq;
   plan.Hp = round_up(p.H, kHTile);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
-  const std::int64_t bkv =
+  std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
-  plan.work = plan_tasks(p, p.T, bkv);
+  if (pages != nullptr) bkv = round_up(bkv, kPageAlign);  // blocks start on page pieces' alignment
+  plan.work = plan_tasks(p, bq, bkv);
   return plan;
+}
+
+// Row s of kv head kh of a paged source (`base`: the cache's first element, `page_stride` and
+// `row_stride` in elements).
+const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::int64_t page_stride,
+                      std::int64_t head_stride, std::int64_t row_stride, std::int64_t kh, std::int64_t s) {
+  const std::int64_t page = pages.table[s / pages.page_size];
+  return static_cast<const char*>(base) +
+         (page * page_stride + kh * head_stride + (s % pages.page_size) * row_stride) *
+             static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+// f(j0, row, n) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one piece,
+// the whole block, without pages): j0 the piece's first key relative to s0, row its first row.
+template <typename F>
+void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
+                    std::int64_t s0, std::int64_t n, F f) {
+  if (pages == nullptr) {
+    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n);
+    return;
+  }
+  for (std::int64_t j0 = 0; j0 < n;) {
+    const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
+    f(j0,
+      is_k ? paged_row(*pages, p.k, p.k_dtype, pages->k_page_stride, p.k_stride[1], p.k_stride[2], kh, s)
+           : paged_row(*pages, p.v, p.v_dtype, pages->v_page_stride, p.v_stride[1], p.v_stride[2], kh, s),
+      len);
+    j0 += len;
+  }
 }
 
 // One thread's buffers (64-byte aligned, leading dimensions multiples of 64 bytes).
@@ -69,8 +114,8 @@ struct Workspace {
 
 void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
   const FlashKernels& kern = *plan.kern;
-  const std::int64_t M = plan.M, Hp = plan.Hp, bkv = plan.work.bkv;
-  const RowOrder rows = plan.work.row_order(p, 0);
+  const std::int64_t M = plan.work.rows(p, task.qb), Hp = plan.Hp, bkv = plan.work.bkv;
+  const RowOrder rows = plan.work.row_order(p, task.qb);
   auto* q = w.q.as<std::uint16_t>();
   auto* o = w.o.as<float>();
   auto* m = w.m.as<float>();
@@ -83,7 +128,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
   std::fill(m, m + M, kNegInf);
   std::fill(l, l + M, 0.0f);
 
-  for (std::int64_t s0 = task.keys.begin; s0 < task.keys.end; s0 += bkv) {
+  // Paged: start on a piece boundary (the keys before task.keys.begin are masked below).
+  const std::int64_t first = plan.pages ? task.keys.begin / kPageAlign * kPageAlign : task.keys.begin;
+  for (std::int64_t s0 = first; s0 < task.keys.end; s0 += bkv) {
     const std::int64_t n = std::min(bkv, task.keys.end - s0);
     // Keys of the block each row sees; the last row (latest position) sees the last ones.
     for (std::int64_t r = 0; r < M; ++r) {
@@ -93,33 +140,44 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
     }
     const std::int64_t keys_seen = hi[M - 1];
     if (keys_seen <= lo[0]) continue;  // no row sees a key of this block
-    // S = scale Q K^T over the first keys_seen keys.
-    kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
-                         keys_seen, p.H, Hp, p.scale, static_cast<int>(M)});
+    // S = scale Q K^T over the first keys_seen keys (page by page when paged).
+    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* k, std::int64_t len) {
+      kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, p.k_stride[2], len, p.H, Hp, p.scale,
+                           static_cast<int>(M)});
+    });
     // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
     if (p.softcap != 0.0f)
       for (std::int64_t r = 0; r < M; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
     // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
     const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(), lo,
                                           hi, padded_keys(keys_seen), static_cast<int>(M), true});
-    // O = O corr + P V (the rescale only when some row's max moved).
-    kern.decode_pv_rows({o, Hp, w.p.data(), w.ld, p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2],
-                         keys_seen, round_up(keys_seen, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr,
-                         static_cast<int>(M)});
+    // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
+    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* v, std::int64_t len) {
+      kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, p.v_stride[2], len,
+                           round_up(len, 2), p.H, Hp, moved && j0 == 0 ? w.corr.as<float>() : nullptr,
+                           static_cast<int>(M)});
+    });
   }
   finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
 }
 
 }  // namespace
 
-bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
-  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 &&
-         p.G * p.T <= kDecodeMaxRows;
+std::int64_t decode_positions(const Problem& p) {
+  return std::clamp<std::int64_t>(kDecodeMaxRows / std::max<std::int64_t>(p.G, 1), 1, std::max<std::int64_t>(p.T, 1));
 }
 
-void flash_attention_decode(const Problem& p, const FlashKernels& k) {
+bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
+  return flash_decode_row_groups_apply(p, k) && p.G * p.T <= kDecodeMaxRows;
+}
+
+bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k) {
+  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 && p.G <= kDecodeMaxRows;
+}
+
+void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   if (p.B == 0 || p.T == 0) return;
-  const Plan plan = make_plan(p, k);
+  const Plan plan = make_plan(p, k, pages);
   SplitPartials parts(plan.work, plan.M, plan.Hp);
   run_tasks_then_merges(
       p, static_cast<std::int64_t>(plan.work.tasks.size()),
@@ -132,12 +190,12 @@ void flash_attention_decode(const Problem& p, const FlashKernels& k) {
 
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k) {
   if (p.B == 0 || p.T == 0) return 1;
-  return static_cast<int>(make_plan(p, k).work.max_splits());
+  return static_cast<int>(make_plan(p, k, nullptr).work.max_splits());
 }
 
-KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k) {
+KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   if (p.B == 0 || p.T == 0) return {1, 0};
-  return make_plan(p, k).work.key_sums();
+  return make_plan(p, k, pages).work.key_sums();
 }
 
 }  // namespace flashgqa
