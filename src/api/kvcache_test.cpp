@@ -196,11 +196,12 @@ class KvCacheTest : public testing::IsaTest {
 
 const std::vector<std::int32_t> kRagged = {0, 1, 37, 300, 16, 1000};
 
-// T = 1..16 new tokens, G 1..8, dense and paged (16, 256), every K/V dtype, with and without k_new.
+// T = 1..16 new tokens (and 24: past the decode path's row groups), G 1..8, dense and paged (16, 256),
+// every K/V dtype, with and without k_new.
 TEST_P(KvCacheTest, MatchesReference) {
   const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
   int i = 0;
-  for (std::int64_t T : {1, 2, 3, 5, 8, 16})
+  for (std::int64_t T : {1, 2, 3, 5, 8, 16, 24})
     for (std::int64_t page_size : {0, 16, 256}) {
       ++i;
       const std::int64_t G = (i % 3 == 0) ? 1 : (i % 3 == 1) ? 4 : 8;

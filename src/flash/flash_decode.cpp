@@ -15,11 +15,11 @@
 // packed path uses (kv_splits.hpp: a task is one q block of all T positions), and the partial
 // (O, m, l) are merged in split order, so the result is bitwise the same for any number of threads.
 //
-// Row groups (the KV-cache API, G*T > kDecodeMaxRows): the T positions go in q blocks of
-// kDecodeMaxRows / G positions, each its own task that streams the keys its rows see. K/V are read
-// once per group instead of once (the groups of one kv head run close together, so the later reads
-// mostly hit the caches); the kernels stay the small-tile ones. With G*T <= kDecodeMaxRows there is one
-// group, as before.
+// Row groups (the KV-cache API, kDecodeMaxRows < G*T <= kDecodeMaxGroupedRows): a task still holds all
+// G*T rows (O, m, l for each), and runs each KV block through the rows in groups of kDecodeMaxRows / G
+// positions, one after another: the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM
+// for the first group and from L2 for the others, so K/V still stream once while the kernels stay the
+// small-tile ones. With G*T <= kDecodeMaxRows there is one group, as before (the same bits).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
@@ -50,22 +50,22 @@ constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (s
 struct Plan {
   const FlashKernels* kern = nullptr;
   const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
-  std::int64_t M = 0, Hp = 0;      // M: the most rows of a task
-  TaskPlan work;  // q blocks of decode_positions(p) positions per (b, kv head)
+  std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
+  TaskPlan work;  // one q block of all T positions per (b, kv head)
 };
 
 Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   Plan plan;
   plan.kern = &k;
   plan.pages = pages;
-  const std::int64_t bq = decode_positions(p);
-  plan.M = p.G * bq;
+  plan.M = p.G * p.T;
+  plan.R = p.G * decode_positions(p);
   plan.Hp = round_up(p.H, kHTile);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
   if (pages != nullptr) bkv = round_up(bkv, kPageAlign);  // blocks start on page pieces' alignment
-  plan.work = plan_tasks(p, bq, bkv);
+  plan.work = plan_tasks(p, p.T, bkv);
   return plan;
 }
 
@@ -106,11 +106,43 @@ struct Workspace {
     q.reset(static_cast<std::size_t>(plan.M * plan.Hp * 2));
     o.reset(static_cast<std::size_t>(plan.M * plan.Hp * 4));
     for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(plan.M * 4));
-    s.reset(static_cast<std::size_t>(plan.M * ld * 4));
-    p.reset(static_cast<std::size_t>(plan.M * ld * 2));
+    s.reset(static_cast<std::size_t>(plan.R * ld * 4));
+    p.reset(static_cast<std::size_t>(plan.R * ld * 2));
     std::memset(s.data(), 0, s.bytes());
   }
 };
+
+// One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
+// the block): S = scale Q K^T, the softcap, the online softmax, O = O corr + P V.
+void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
+               std::int64_t r0, std::int64_t R) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp;
+  const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
+  const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
+  const std::int64_t keys_seen = hi[R - 1];  // the last row (latest position) sees the last keys
+  if (keys_seen <= lo[0]) return;            // no row of the group sees a key of this block
+  const std::uint16_t* q = w.q.as<std::uint16_t>() + r0 * Hp;
+  float* o = w.o.as<float>() + r0 * Hp;
+  float* corr = w.corr.as<float>() + r0;
+  // S = scale Q K^T over the first keys_seen keys (page by page when paged).
+  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* k, std::int64_t len) {
+    kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, p.k_stride[2], len, p.H, Hp, p.scale,
+                         static_cast<int>(R)});
+  });
+  // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
+  if (p.softcap != 0.0f)
+    for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
+  // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
+  const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, w.m.as<float>() + r0,
+                                        w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
+                                        static_cast<int>(R), true});
+  // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
+  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* v, std::int64_t len) {
+    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, p.v_stride[2], len,
+                         round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr, static_cast<int>(R)});
+  });
+}
 
 void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
   const FlashKernels& kern = *plan.kern;
@@ -132,31 +164,14 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
   const std::int64_t first = plan.pages ? task.keys.begin / kPageAlign * kPageAlign : task.keys.begin;
   for (std::int64_t s0 = first; s0 < task.keys.end; s0 += bkv) {
     const std::int64_t n = std::min(bkv, task.keys.end - s0);
-    // Keys of the block each row sees; the last row (latest position) sees the last ones.
+    // Keys of the block each row sees.
     for (std::int64_t r = 0; r < M; ++r) {
       const KeyRange keys = p.visible_keys(rows.t(r)).clamp_to(s0, s0 + n, s0);
       lo[r] = static_cast<std::int32_t>(keys.begin);
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
-    const std::int64_t keys_seen = hi[M - 1];
-    if (keys_seen <= lo[0]) continue;  // no row sees a key of this block
-    // S = scale Q K^T over the first keys_seen keys (page by page when paged).
-    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* k, std::int64_t len) {
-      kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, p.k_stride[2], len, p.H, Hp, p.scale,
-                           static_cast<int>(M)});
-    });
-    // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
-    if (p.softcap != 0.0f)
-      for (std::int64_t r = 0; r < M; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
-    // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
-    const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(), lo,
-                                          hi, padded_keys(keys_seen), static_cast<int>(M), true});
-    // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
-    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* v, std::int64_t len) {
-      kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, p.v_stride[2], len,
-                           round_up(len, 2), p.H, Hp, moved && j0 == 0 ? w.corr.as<float>() : nullptr,
-                           static_cast<int>(M)});
-    });
+    // The row groups one after another on the same block, which stays in L2 after the first.
+    for (std::int64_t r0 = 0; r0 < M; r0 += plan.R) run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0));
   }
   finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
 }
@@ -172,7 +187,8 @@ bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
 }
 
 bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k) {
-  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 && p.G <= kDecodeMaxRows;
+  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 && p.G <= kDecodeMaxRows &&
+         p.G * p.T <= kDecodeMaxGroupedRows;
 }
 
 void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages) {

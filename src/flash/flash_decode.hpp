@@ -25,9 +25,11 @@ struct KvPages {
 // Whether the decode path takes p on kernel set k: k has decode kernels and G*T <= kDecodeMaxRows.
 bool flash_decode_applies(const Problem& p, const FlashKernels& k);
 // Whether the decode path can take p in row groups (the KV-cache API): k has decode kernels and
-// G <= kDecodeMaxRows, any T. Each group of decode_positions(p) positions is its own task.
+// G*T <= kDecodeMaxGroupedRows (T = 16 at G = 8). Every KV block goes through groups of
+// decode_positions(p) positions in turn (docs/performance.md, KV cache).
+constexpr std::int64_t kDecodeMaxGroupedRows = 128;
 bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k);
-// Positions per row group: kDecodeMaxRows / G, at most T (T when G*T <= kDecodeMaxRows).
+// Positions per row group: kDecodeMaxRows / G (at least 1), at most T (T when G*T <= kDecodeMaxRows).
 std::int64_t decode_positions(const Problem& p);
 
 // Attention for p on k's decode kernels (flash_decode_row_groups_apply(p, k) must hold); K/V rows from
