@@ -8,8 +8,9 @@
 // G <= kDecodeMaxRows, reading dense rows in place and paged rows page by page (flash_decode.hpp:
 // KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on the dense view, a
 // paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
-// Sequences run one after another, each spread over the threads by the decode planner's KV splits;
-// nothing depends on the thread count.
+// The decode kernels' sequences run together, in one parallel region (a region per sequence costs a
+// start-up and a barrier each, which on a busy machine can cost more than the work); the others run one
+// after another. Each sequence is planned as alone, so nothing depends on the thread count.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -174,8 +175,17 @@ std::vector<std::byte> gather_sequence(const TensorView& t, const KvCache& c, co
   return dense;
 }
 
-void run_sequence(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
-                  const CacheShape& cs, const Options& options, std::int64_t b) {
+// The decode kernels' share of a call: each sequence's problem and pages, run in one parallel region.
+struct DecodeBatch {
+  std::vector<Problem> problems;
+  std::vector<KvPages> pages;
+  std::vector<bool> paged;
+};
+
+// Sequence b: appended to `decode` when the decode kernels take it, else run here (fast flash's own
+// path on the dense rows, or on a gathered copy of a paged sequence).
+void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
+                          const CacheShape& cs, const Options& options, std::int64_t b, DecodeBatch& decode) {
   const std::int64_t L = cs.length(c, b);
   Options o = options;
   o.algorithm = Algorithm::flash;
@@ -191,9 +201,12 @@ void run_sequence(const TensorView& out, const TensorView* lse, const TensorView
     if (!cs.paged) k = batch_entry(c.k, b), v = batch_entry(c.v, b);
     k.shape[0] = v.shape[0] = 1;
     k.shape[2] = v.shape[2] = L;
-    const Problem p = make_problem(out_b, lse_p, q_b, k, v, o);
-    if (L > 0 && flash_decode_row_groups_apply(p, kern)) return flash_attention_decode(p, kern);
-    return flash_attention(p, isa);
+    Problem p = make_problem(out_b, lse_p, q_b, k, v, o);
+    if (!flash_decode_row_groups_apply(p, kern)) return flash_attention(p, isa);
+    decode.problems.push_back(std::move(p));
+    decode.pages.push_back({});
+    decode.paged.push_back(false);
+    return;
   }
   const std::int32_t* table = c.block_table + b * c.max_pages;
   const TensorView k_page = batch_entry(c.k, table[0]), v_page = batch_entry(c.v, table[0]);
@@ -202,8 +215,10 @@ void run_sequence(const TensorView& out, const TensorView* lse, const TensorView
     p.S = L;
     p.k = c.k.data;
     p.v = c.v.data;
-    const KvPages pages{table, cs.rows, c.k.stride[0], c.v.stride[0]};
-    return flash_attention_decode(p, kern, &pages);
+    decode.problems.push_back(std::move(p));
+    decode.pages.push_back({table, cs.rows, c.k.stride[0], c.v.stride[0]});
+    decode.paged.push_back(true);
+    return;
   }
   std::vector<std::byte> k_dense = gather_sequence(c.k, c, cs, b, L), v_dense = gather_sequence(c.v, c, cs, b, L);
   const TensorView k = contiguous_view(k_dense.data(), c.k.dtype, {1, cs.K, L, cs.H});
@@ -216,7 +231,16 @@ void run(const TensorView& out, const TensorView* lse, const TensorView& q, cons
   const CacheShape cs = check_cache(out, lse, q, cache, options);
   if (cache.k_new != nullptr) append_new_keys(cache, cs);
   if (cs.B * cs.K * q.shape[2] * cs.T == 0) return;  // nothing to write
-  for (std::int64_t b = 0; b < cs.B; ++b) run_sequence(out, lse, q, cache, cs, options, b);
+  DecodeBatch decode;
+  for (std::int64_t b = 0; b < cs.B; ++b) plan_or_run_sequence(out, lse, q, cache, cs, options, b, decode);
+  if (decode.problems.empty()) return;
+  std::vector<const Problem*> problems;
+  std::vector<const KvPages*> pages;
+  for (std::size_t i = 0; i < decode.problems.size(); ++i) {
+    problems.push_back(&decode.problems[i]);
+    pages.push_back(decode.paged[i] ? &decode.pages[i] : nullptr);
+  }
+  flash_attention_decode(problems, kernels_for(active_isa(), options.precision), pages);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
@@ -99,15 +100,21 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
 }
 
 // One thread's buffers (64-byte aligned, leading dimensions multiples of 64 bytes).
+// Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
   AlignedBuffer q, o, m, l, corr, lo, hi, s, p;
   std::int64_t ld = 0;  // of S and P, in elements
-  explicit Workspace(const Plan& plan) : ld(padded_keys(plan.work.bkv)) {
-    q.reset(static_cast<std::size_t>(plan.M * plan.Hp * 2));
-    o.reset(static_cast<std::size_t>(plan.M * plan.Hp * 4));
-    for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(plan.M * 4));
-    s.reset(static_cast<std::size_t>(plan.R * ld * 4));
-    p.reset(static_cast<std::size_t>(plan.R * ld * 2));
+  explicit Workspace(const std::vector<Plan>& plans) {
+    std::int64_t M = 0, R = 0, Hp = 0;
+    for (const Plan& plan : plans) {
+      M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
+      ld = std::max(ld, padded_keys(plan.work.bkv));
+    }
+    q.reset(static_cast<std::size_t>(M * Hp * 2));
+    o.reset(static_cast<std::size_t>(M * Hp * 4));
+    for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
+    s.reset(static_cast<std::size_t>(R * ld * 4));
+    p.reset(static_cast<std::size_t>(R * ld * 2));
     std::memset(s.data(), 0, s.bytes());
   }
 };
@@ -192,15 +199,36 @@ bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k) {
 }
 
 void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages) {
-  if (p.B == 0 || p.T == 0) return;
-  const Plan plan = make_plan(p, k, pages);
-  SplitPartials parts(plan.work, plan.M, plan.Hp);
+  flash_attention_decode(std::vector<const Problem*>{&p}, k, std::vector<const KvPages*>{pages});
+}
+
+void flash_attention_decode(const std::vector<const Problem*>& problems, const FlashKernels& k,
+                            const std::vector<const KvPages*>& pages) {
+  std::vector<const Problem*> ps;
+  std::vector<Plan> plans;
+  std::vector<SplitPartials> parts;
+  std::vector<std::pair<std::size_t, std::size_t>> tasks, merges;  // (plan, task or merge)
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const Problem& p = *problems[i];
+    if (p.B == 0 || p.T == 0) continue;
+    ps.push_back(&p);
+    plans.push_back(make_plan(p, k, pages[i]));
+    const Plan& plan = plans.back();
+    parts.emplace_back(plan.work, plan.M, plan.Hp);
+    for (std::size_t t = 0; t < plan.work.tasks.size(); ++t) tasks.push_back({plans.size() - 1, t});
+    for (std::size_t m = 0; m < plan.work.merges.size(); ++m) merges.push_back({plans.size() - 1, m});
+  }
+  if (ps.empty()) return;
   run_tasks_then_merges(
-      p, static_cast<std::int64_t>(plan.work.tasks.size()),
-      static_cast<std::int64_t>(plan.work.merges.size()), [&] { return Workspace(plan); },
-      [&](std::int64_t i, Workspace& w) { run_task(p, plan, plan.work.tasks[static_cast<std::size_t>(i)], w, parts); },
+      *ps[0], static_cast<std::int64_t>(tasks.size()), static_cast<std::int64_t>(merges.size()),
+      [&] { return Workspace(plans); },
+      [&](std::int64_t i, Workspace& w) {
+        const auto [j, t] = tasks[static_cast<std::size_t>(i)];
+        run_task(*ps[j], plans[j], plans[j].work.tasks[t], w, parts[j]);
+      },
       [&](std::int64_t i, float* acc) {
-        merge_task(p, plan.work, plan.work.merges[static_cast<std::size_t>(i)], parts, acc);
+        const auto [j, m] = merges[static_cast<std::size_t>(i)];
+        merge_task(*ps[j], plans[j].work, plans[j].work.merges[m], parts[j], acc);
       });
 }
 

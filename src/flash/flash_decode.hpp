@@ -5,6 +5,8 @@
 // kernels (kernels/microkernels.hpp). flash_attention dispatches here when it applies.
 #pragma once
 
+#include <vector>
+
 #include "core/key_sums.hpp"
 #include "core/problem.hpp"
 #include "kernels/microkernels.hpp"
@@ -36,6 +38,12 @@ std::int64_t decode_positions(const Problem& p);
 // `pages` when not null (then B = 1). Results depend on the shapes, block size and page size only,
 // never on the thread count.
 void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages = nullptr);
+// Several problems (the sequences of a KV-cache call; the same H, threads and interrupt flag) in one
+// parallel region: every problem's tasks, then every problem's merges, each planned as alone (the
+// same bits as one call per problem, with one start-up and one barrier instead of one per problem).
+// pages[i] is null or problem i's paged source.
+void flash_attention_decode(const std::vector<const Problem*>& problems, const FlashKernels& k,
+                            const std::vector<const KvPages*>& pages);
 
 // The number of KV splits per (b, kv head) the decode plan uses (1 = none). For tests.
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k);
