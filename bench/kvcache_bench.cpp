@@ -134,13 +134,7 @@ void add(const std::string& name, std::vector<std::int32_t> lens, std::int64_t T
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> args(argv, argv + argc);
-  std::string reps = "--benchmark_repetitions=5", aggr = "--benchmark_report_aggregates_only=true";
-  args.insert(args.begin() + 1, {reps.data(), aggr.data()});
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
-  benchmark::AddCustomContext("isa", isa_name(active_isa()));
+  if (!flashgqa::bench::initialize(argc, argv)) return 1;
   std::vector<std::int32_t> spread;  // 8 lengths from 1024 to 32768
   for (int i = 0; i < 8; ++i) spread.push_back(1024 + i * (32768 - 1024) / 7);
   for (const auto& [name, page] : {std::pair{"dense", 0}, std::pair{"page16", 16}, std::pair{"page256", 256}})

@@ -11,11 +11,17 @@ nonsense; the point is the cache traffic and the tokens/s.
     python examples/generate/generate.py --batch 4 --new-tokens 64
 """
 import argparse
+import os
 import time
 
-import numpy as np
+# The model's matmuls are tiny: BLAS threads would only spin against the attention's threads on a
+# small machine (10x slower here). Set these yourself to measure otherwise.
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
 
-import flashgqa
+import numpy as np  # noqa: E402
+
+import flashgqa  # noqa: E402
 
 
 class Model:
@@ -59,6 +65,9 @@ def rms_norm(x):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
 
 
+THREADS = 1  # --threads
+
+
 def forward(model, cache, tokens):
     """tokens [B, T] (T new tokens per sequence, all at their sequences' ends): logits of the last."""
     B, T = tokens.shape
@@ -73,7 +82,7 @@ def forward(model, cache, tokens):
         v = np.ascontiguousarray((h @ model.wv[i]).reshape(B, T, K, H).transpose(0, 2, 1, 3))
         o = flashgqa.attention_with_kvcache(q, cache.k[i], cache.v[i], cache_seqlens=cache.seqlens,
                                             block_table=cache.table, k_new=k, v_new=v,
-                                            precision="f32")
+                                            threads=THREADS)
         x = x + o.transpose(0, 3, 1, 2, 4).reshape(B, T, -1) @ model.wo[i]
         x = x + np.maximum(rms_norm(x) @ model.w1[i], 0) @ model.w2[i]
     cache.seqlens += T
@@ -86,7 +95,11 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=16, help="prefill tokens per call (T)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="attention threads (a model this small gains nothing from more: each call is tiny)")
     args = ap.parse_args()
+    global THREADS
+    THREADS = args.threads
     rng = np.random.default_rng(0)
     model = Model(rng, vocab=512, layers=2, K=2, G=4, H=64)
     prompt_lens = [int(n) for n in rng.integers(8, 200, size=args.batch)]

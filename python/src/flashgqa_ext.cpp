@@ -526,6 +526,17 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
 // writable when k_new/v_new are appended into them; seqlens [B] and block_table [B, max_pages]
 // contiguous int32 from the front.
 using Int32Matrix = nb::ndarray<const int32_t, nb::c_contig, nb::device::cpu>;
+// cache_seqlens [B] or block_table [B, max_pages]: a contiguous int32 array of `ndim` dimensions, B first.
+Int32Matrix import_int32(nb::handle h, const char* name, size_t ndim, int64_t B, const char* what) {
+  Int32Matrix a;
+  if (!nb::try_cast(h, a, /*convert=*/false) || a.ndim() != ndim)
+    throw nb::type_error((std::string(name) + ": expected a " + std::to_string(ndim) +
+                          "-D contiguous int32 CPU array").c_str());
+  if (a.shape(0) != static_cast<size_t>(B))
+    throw nb::value_error((std::string(name) + ": " + std::to_string(a.shape(0)) + " " + what + ", expected B = " +
+                           std::to_string(B) + " (from q)").c_str());
+  return a;
+}
 void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse,
                             nb::handle cache_seqlens, nb::handle block_table, nb::handle k_new, nb::handle v_new,
                             bool causal, nb::handle causal_offset, nb::handle window, nb::handle scale,
@@ -552,19 +563,11 @@ void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache
   qo.view = layout.view(qo.view, "q");
   Operand<OutArray> oo = import_operand<OutArray>(out, "out", &layout), lo;
   if (!lse.is_none()) lo = import_operand<OutArray>(lse, "lse", &layout);
-  Int32Matrix seqlens, table;
-  if (!nb::try_cast(cache_seqlens, seqlens, /*convert=*/false) || seqlens.ndim() != 1)
-    throw nb::type_error("cache_seqlens: expected a 1-D contiguous int32 CPU array");
-  if (seqlens.shape(0) != static_cast<size_t>(qo.view.shape[0]))
-    throw nb::value_error(("cache_seqlens: " + std::to_string(seqlens.shape(0)) + " lengths, expected B = " +
-                           std::to_string(qo.view.shape[0]) + " (from q)").c_str());
+  const Int32Matrix seqlens = import_int32(cache_seqlens, "cache_seqlens", 1, qo.view.shape[0], "lengths");
   cache.seqlens = seqlens.data();
+  Int32Matrix table;
   if (!block_table.is_none()) {
-    if (!nb::try_cast(block_table, table, /*convert=*/false) || table.ndim() != 2)
-      throw nb::type_error("block_table: expected a 2-D contiguous int32 CPU array [B, max_pages]");
-    if (table.shape(0) != static_cast<size_t>(qo.view.shape[0]))
-      throw nb::value_error(("block_table: " + std::to_string(table.shape(0)) + " rows, expected B = " +
-                             std::to_string(qo.view.shape[0]) + " (from q)").c_str());
+    table = import_int32(block_table, "block_table", 2, qo.view.shape[0], "rows");
     cache.block_table = table.data();
     cache.max_pages = static_cast<int64_t>(table.shape(1));
     if (cache.block_table == nullptr) {  // B = 0 or no pages: a table of nothing, still paged
