@@ -80,36 +80,54 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
              static_cast<std::int64_t>(dtype_size(dtype));
 }
 
-// f(j0, row, n) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one piece,
-// the whole block, without pages): j0 the piece's first key relative to s0, row its first row.
+// Pages shorter than this are gathered (see for_each_piece).
+constexpr std::int64_t kGatherPagesBelow = 64;
+
+// f(j0, row, n, ld) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one
+// piece, the whole block, without pages): j0 the piece's first key relative to s0, row its first row,
+// ld the elements between its rows. Pages of fewer than kGatherPagesBelow keys are first copied, as
+// they are, into `gather` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys,
+// and per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same
+// rows in the same order, so the same bits.
 template <typename F>
 void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
-                    std::int64_t s0, std::int64_t n, F f) {
+                    std::int64_t s0, std::int64_t n, char* gather, F f) {
   if (pages == nullptr) {
-    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n);
+    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n, is_k ? p.k_stride[2] : p.v_stride[2]);
     return;
   }
+  const DType dtype = is_k ? p.k_dtype : p.v_dtype;
+  const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
+  const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
+  const bool gathered = pages->page_size < kGatherPagesBelow;
   for (std::int64_t j0 = 0; j0 < n;) {
     const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
-    f(j0,
-      is_k ? paged_row(*pages, p.k, p.k_dtype, pages->k_page_stride, p.k_stride[1], p.k_stride[2], kh, s)
-           : paged_row(*pages, p.v, p.v_dtype, pages->v_page_stride, p.v_stride[1], p.v_stride[2], kh, s),
-      len);
+    const char* row = is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
+                           : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
+    if (gathered)
+      for (std::int64_t j = 0; j < len; ++j)
+        std::memcpy(gather + (j0 + j) * row_bytes, row + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)),
+                    static_cast<std::size_t>(row_bytes));
+    else
+      f(j0, row, len, row_stride);
     j0 += len;
   }
+  if (gathered) f(0, gather, n, p.H);
 }
 
-// One thread's buffers (64-byte aligned, leading dimensions multiples of 64 bytes).
 // Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather;
   std::int64_t ld = 0;  // of S and P, in elements
   explicit Workspace(const std::vector<Plan>& plans) {
-    std::int64_t M = 0, R = 0, Hp = 0;
+    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0;
     for (const Plan& plan : plans) {
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
       ld = std::max(ld, padded_keys(plan.work.bkv));
+      if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow)  // a block of f32 rows at most
+        gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4);
     }
+    if (gather_bytes > 0) gather.reset(static_cast<std::size_t>(gather_bytes));
     q.reset(static_cast<std::size_t>(M * Hp * 2));
     o.reset(static_cast<std::size_t>(M * Hp * 4));
     for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
@@ -133,10 +151,11 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
-  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* k, std::int64_t len) {
-    kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, p.k_stride[2], len, p.H, Hp, p.scale,
-                         static_cast<int>(R)});
-  });
+  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
+                 [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk) {
+                   kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
+                                        static_cast<int>(R)});
+                 });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
@@ -145,10 +164,12 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                                         w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
-  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, [&](std::int64_t j0, const void* v, std::int64_t len) {
-    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, p.v_stride[2], len,
-                         round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr, static_cast<int>(R)});
-  });
+  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
+                 [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv) {
+                   kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
+                                        round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
+                                        static_cast<int>(R)});
+                 });
 }
 
 void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
