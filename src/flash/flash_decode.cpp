@@ -82,6 +82,8 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 
 // Pages shorter than this are gathered (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
+// How many pieces ahead a gather prefetches.
+constexpr std::int64_t kPrefetchPieces = 2;
 
 // f(j0, row, n, ld) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one
 // piece, the whole block, without pages): j0 the piece's first key relative to s0, row its first row,
@@ -100,10 +102,22 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
   const bool gathered = pages->page_size < kGatherPagesBelow;
+  auto row_at = [&](std::int64_t s) {
+    return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
+                : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
+  };
   for (std::int64_t j0 = 0; j0 < n;) {
     const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
-    const char* row = is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
-                           : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
+    const char* row = row_at(s);
+    // Small pages lie anywhere: the hardware prefetchers lose the stream at each one, so fetch the
+    // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied.
+    const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
+    if (gathered && ahead < s0 + n) {
+      const char* next = row_at(ahead);
+      for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
+        for (std::int64_t c = 0; c < row_bytes; c += 64)
+          __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c);
+    }
     if (gathered)
       for (std::int64_t j = 0; j < len; ++j)
         std::memcpy(gather + (j0 + j) * row_bytes, row + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)),
