@@ -90,7 +90,8 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
     if (cs.rows < kPageAlign || cs.rows % kPageAlign != 0)
       fail("k_cache: page_size " + std::to_string(cs.rows) + " (dimension 2 of " + shape_string(c.k) +
            "), expected a multiple of " + std::to_string(kPageAlign));
-    if (c.max_pages < 0) fail("max_pages: " + std::to_string(c.max_pages) + ", expected >= 0");
+    if (c.max_pages < 0 || c.max_pages > std::int64_t{1} << 31)
+      fail("max_pages: " + std::to_string(c.max_pages) + ", expected 0 to 2^31 (a row of block_table)");
     cs.capacity = c.max_pages * cs.rows;
   } else {
     if (c.k.shape[0] != cs.B)
