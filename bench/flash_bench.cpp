@@ -289,14 +289,7 @@ void register_kernels() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Default: 5 repetitions, aggregates only (explicit flags win: they come later on the command line).
-  std::vector<char*> args(argv, argv + argc);
-  std::string reps = "--benchmark_repetitions=5", aggr = "--benchmark_report_aggregates_only=true";
-  args.insert(args.begin() + 1, {reps.data(), aggr.data()});
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
-  benchmark::AddCustomContext("isa", isa_name(active_isa()));
+  if (!flashgqa::bench::initialize(argc, argv)) return 1;
   register_kernels();
   register_end_to_end();
   register_variants();

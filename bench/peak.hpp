@@ -14,4 +14,8 @@ double bf16_peak_flops(int threads, int repeats = 5);
 // `repeats` runs.
 double dram_read_bandwidth(int threads, int repeats = 5);
 
+// benchmark::Initialize with this project's defaults (5 repetitions, aggregates only; flags given on
+// the command line win) and the instruction set in the context. False: unrecognised arguments.
+bool initialize(int argc, char** argv);
+
 }  // namespace flashgqa::bench

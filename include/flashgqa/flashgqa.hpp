@@ -240,6 +240,41 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
                         const TensorView& v, const TensorView& out, const TensorView& lse,
                         const Options& options);
 
+// A KV cache for decoding (FlashAttention's flash_attn_with_kvcache): each of the B sequences has
+// seqlens[b] keys already in the cache, and its T new queries (q [B,K,G,T,H]) are its latest positions.
+//   dense:  k, v [B, K, S_max, H]: sequence b's key s at k[b, :, s, :]; block_table null.
+//   paged:  k, v [num_pages, K, page_size, H] with block_table [B][max_pages] (int32, row-major):
+//           sequence b's key s at k[block_table[b * max_pages + s / page_size], :, s % page_size, :];
+//           page_size a multiple of 16. A page may appear in several tables (shared prefixes) as long
+//           as no call appends into a page another sequence reads.
+// Any strides with H contiguous; K/V dtypes float32, bfloat16, float16 (k and v alike).
+// With k_new, v_new ([B,K,T,H], the cache's dtype) the call first writes them into the cache at keys
+// seqlens[b] .. seqlens[b] + T - 1 of each sequence, and the queries attend to them: the sequence then
+// has L_b = seqlens[b] + T keys (else L_b = seqlens[b]). seqlens itself is not changed.
+struct KvCache {
+  TensorView k, v;
+  const std::int32_t* seqlens = nullptr;      // [B]
+  const std::int32_t* block_table = nullptr;  // [B][max_pages], or null: a dense cache
+  std::int64_t max_pages = 0;
+  const TensorView* k_new = nullptr;  // [B,K,T,H] or null (with v_new)
+  const TensorView* v_new = nullptr;
+};
+
+// out[b] <- attention(q[b], the L_b keys of sequence b) for each b: attention() on the dense
+// [1, K, L_b, H] equivalent, with Options as there per sequence: causal bottom-right by default
+// (query t sees key j <= t + L_b - T; Options::causal_offset, when set, replaces L_b - T for every
+// sequence), windows, softcap, sinks, precision, blocks, threads. Options::algorithm is ignored (the
+// fast flash path always: its decode kernels read the rows in place, pages included, T in groups of
+// rows; without them the packed path, which gathers a paged sequence first); Options::cu_seqlens must
+// be null. Throws Error before writing anything for a length beyond the cache (seqlens[b] + T past
+// S_max or max_pages * page_size with k_new), a page index outside [0, num_pages), shapes or dtypes
+// that disagree, or out overlapping the cache. out (and lse) must not overlap q, the cache or k_new/v_new.
+void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache,
+                            const Options& options = {});
+// The same, also writing lse [B,K,G,T] as attention() does.
+void attention_with_kvcache(const TensorView& out, const TensorView& lse, const TensorView& q,
+                            const KvCache& cache, const Options& options = {});
+
 // The seed's linear_attn_scan_s, another operator (no softmax):
 //   out[b,k,g,t,:] = sum_j (scale * q.k_j) v_j      over the visible keys j,
 // with the same precision rule (logits rounded to bf16 before the second matmul under Precision::bf16),

@@ -32,7 +32,7 @@ import numpy as np
 
 from . import _flashgqa
 
-__all__ = ["attention", "attention_backward", "linear_attention"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "linear_attention"]
 
 _FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
@@ -320,6 +320,67 @@ def attention(q, k, v, *, causal=False, causal_offset=None, window=None, cu_seql
         cu_seqlens_q=_offsets(cu_seqlens_q, "cu_seqlens_q"),
         cu_seqlens_k=_offsets(cu_seqlens_k, "cu_seqlens_k"), scale=scale, precision=precision, algo=algo,
         block_q=block_q, block_kv=block_kv, threads=threads, softcap=softcap,
+        sinks=_import_sinks(sinks, qi, ki))
+    result = result if out is not None else _finish(qi, result)
+    return (result, _finish(qi, lse)) if return_lse else result
+
+
+def _int32_table(x, name, ndim):
+    """cache_seqlens (1-D) or block_table (2-D): any int array kind or a list as contiguous int32."""
+    a = _host_array(x, name, f"a {ndim}-D array of ints")
+    if a.ndim != ndim or (a.size and a.dtype.kind not in "iu"):
+        raise TypeError(f"{name}: {a.ndim}-D array of {a.dtype}, expected a {ndim}-D array of ints")
+    if a.size and (a.min() < -2**31 or a.max() > 2**31 - 1):
+        raise ValueError(f"{name}: values from {a.min()} to {a.max()}, expected int32 values")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=None, k_new=None,
+                           v_new=None, k_scale=None, v_scale=None, causal=True, causal_offset=None,
+                           scale=None, window=None, softcap=None, sinks=None, threads=None,
+                           precision="bf16", block_kv=None, return_lse=False, out=None):
+    """Attention of T new queries per sequence against a KV cache (FlashAttention's
+    ``flash_attn_with_kvcache``), every sequence at its own length.
+
+    Args:
+      q: ``[B, K, G, T, H]`` or ``[B, Hq, T, H]`` (``Hq = K * G``): the T newest positions of each
+        sequence.
+      k_cache, v_cache: dense ``[B, K, S_max, H]``, or paged ``[num_pages, K, page_size, H]`` with
+        ``block_table`` (page_size a multiple of 16). float32, float16 or bfloat16; read in place,
+        and written in place (numpy, torch) when ``k_new``/``v_new`` are given.
+      cache_seqlens: ``[B]`` ints, the keys already in each sequence's cache.
+      block_table: ``[B, max_pages]`` ints: sequence b's key s lives in page
+        ``block_table[b, s // page_size]``, row ``s % page_size``. None: a dense cache.
+      k_new, v_new: ``[B, K, T, H]`` of the cache's dtype, written at keys ``cache_seqlens[b] ..
+        cache_seqlens[b] + T - 1`` of each sequence before attending (cache_seqlens is not
+        changed: add T yourself for the next step). Not for jax caches (immutable).
+      k_scale, v_scale: int8 caches are not implemented yet (NotImplementedError).
+      causal: bottom-right per sequence (default True): query t sees key j when
+        ``j <= t + L_b - T``, L_b the sequence's keys in this call; ``causal_offset`` replaces
+        ``L_b - T`` for every sequence.
+      scale, window, softcap, sinks, threads, precision, block_kv, out: as ``attention``.
+      return_lse: also return lse ``[B, K, G, T]`` (or ``[B, Hq, T]``).
+
+    Returns:
+      ``out`` (q's shape, kind and dtype), or ``(out, lse)`` with ``return_lse``.
+    """
+    if k_scale is not None or v_scale is not None:
+        raise NotImplementedError("k_scale, v_scale: int8 K/V caches are not implemented yet")
+    appending = k_new is not None or v_new is not None
+    qi = _import(q, "q")
+    ki = _import(k_cache, "k_cache", writable=appending)
+    vi = _import(v_cache, "v_cache", writable=appending)
+    kn = _import(k_new, "k_new").arg if k_new is not None else None
+    vn = _import(v_new, "v_new").arg if v_new is not None else None
+    result, out_arg = _output(qi, out)
+    lse, lse_arg = (_empty_like_kind(qi, qi.shape[:-1], "float32") if return_lse
+                    else (None, None))
+    _flashgqa.attention_with_kvcache(
+        qi.arg, ki.arg, vi.arg, out_arg, lse_arg,
+        cache_seqlens=_int32_table(cache_seqlens, "cache_seqlens", 1),
+        block_table=None if block_table is None else _int32_table(block_table, "block_table", 2),
+        k_new=kn, v_new=vn, causal=bool(causal), causal_offset=causal_offset, window=window,
+        scale=scale, precision=precision, block_kv=block_kv, threads=threads, softcap=softcap,
         sinks=_import_sinks(sinks, qi, ki))
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result

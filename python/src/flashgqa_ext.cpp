@@ -521,6 +521,82 @@ void attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
   });
 }
 
+// The KV-cache call (flashgqa::attention_with_kvcache): q and out (and lse) as attention's (5-D, or 4-D
+// split by the cache's K), the caches [B,K,S_max,H] or paged [num_pages,K,page_size,H] as given and
+// writable when k_new/v_new are appended into them; seqlens [B] and block_table [B, max_pages]
+// contiguous int32 from the front.
+using Int32Matrix = nb::ndarray<const int32_t, nb::c_contig, nb::device::cpu>;
+// cache_seqlens [B] or block_table [B, max_pages]: a contiguous int32 array of `ndim` dimensions, B first.
+Int32Matrix import_int32(nb::handle h, const char* name, size_t ndim, int64_t B, const char* what) {
+  Int32Matrix a;
+  if (!nb::try_cast(h, a, /*convert=*/false) || a.ndim() != ndim)
+    throw nb::type_error((std::string(name) + ": expected a " + std::to_string(ndim) +
+                          "-D contiguous int32 CPU array").c_str());
+  if (a.shape(0) != static_cast<size_t>(B))
+    throw nb::value_error((std::string(name) + ": " + std::to_string(a.shape(0)) + " " + what + ", expected B = " +
+                           std::to_string(B) + " (from q)").c_str());
+  return a;
+}
+void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse,
+                            nb::handle cache_seqlens, nb::handle block_table, nb::handle k_new, nb::handle v_new,
+                            bool causal, nb::handle causal_offset, nb::handle window, nb::handle scale,
+                            nb::handle precision, nb::handle block_kv, nb::handle threads, nb::handle softcap,
+                            nb::handle sinks) {
+  const bool append = !k_new.is_none() || !v_new.is_none();
+  Operand<InArray> qo = import_operand<InArray>(q, "q");
+  Operand<OutArray> kw, vw;
+  Operand<InArray> kr, vr;
+  flashgqa::KvCache cache;
+  if (append) {
+    kw = import_operand<OutArray>(k_cache, "k_cache");
+    vw = import_operand<OutArray>(v_cache, "v_cache");
+    cache.k = kw.view;
+    cache.v = vw.view;
+  } else {
+    kr = import_operand<InArray>(k_cache, "k_cache");
+    vr = import_operand<InArray>(v_cache, "v_cache");
+    cache.k = kr.view;
+    cache.v = vr.view;
+  }
+  const QLayout layout = q_layout(qo.view, cache.k);
+  if (layout.packed) throw nb::value_error("q: rank 3 (packed), expected 5 [B,K,G,T,H] or 4 [B,Hq,T,H] with a KV cache");
+  qo.view = layout.view(qo.view, "q");
+  Operand<OutArray> oo = import_operand<OutArray>(out, "out", &layout), lo;
+  if (!lse.is_none()) lo = import_operand<OutArray>(lse, "lse", &layout);
+  const Int32Matrix seqlens = import_int32(cache_seqlens, "cache_seqlens", 1, qo.view.shape[0], "lengths");
+  cache.seqlens = seqlens.data();
+  Int32Matrix table;
+  if (!block_table.is_none()) {
+    table = import_int32(block_table, "block_table", 2, qo.view.shape[0], "rows");
+    cache.block_table = table.data();
+    cache.max_pages = static_cast<int64_t>(table.shape(1));
+    if (cache.block_table == nullptr) {  // B = 0 or no pages: a table of nothing, still paged
+      static const int32_t kNoPages = 0;
+      cache.block_table = &kNoPages;
+    }
+  }
+  Operand<InArray> kn, vn;
+  if (append) {
+    if (k_new.is_none() || v_new.is_none())
+      throw nb::value_error("k_new, v_new: one given without the other, expected both (or neither)");
+    kn = import_operand<InArray>(k_new, "k_new");
+    vn = import_operand<InArray>(v_new, "v_new");
+    cache.k_new = &kn.view;
+    cache.v_new = &vn.view;
+  }
+  flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(), nb::none(),
+                                     block_kv, threads);
+  o.softcap = float_option(softcap, "softcap").value_or(0.0);
+  Operand<InArray> sinks_operand;
+  o.sinks = sinks_option(sinks, "sinks", qo.view, sinks_operand);
+  run_interruptible(o, [&](const flashgqa::Options& opts) {
+    if (!lse.is_none())
+      flashgqa::attention_with_kvcache(oo.view, lo.view, qo.view, cache, opts);
+    else
+      flashgqa::attention_with_kvcache(oo.view, qo.view, cache, opts);
+  });
+}
+
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
                       nb::handle causal_offset, nb::handle window, nb::handle scale, nb::handle precision,
                       nb::handle block_kv, nb::handle threads) {
@@ -631,6 +707,14 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("softcap").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
         "Writes out (and lse, unless None) in place; q/out [B,K,G,T,H] or [B,Hq,T,H], k, v "
         "[B,K,S,H]; sinks None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
+  m.def("attention_with_kvcache", &attention_with_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
+        nb::arg("out"), nb::arg("lse").none(), nb::kw_only(), nb::arg("cache_seqlens"),
+        nb::arg("block_table").none(), nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("causal"),
+        nb::arg("causal_offset").none(), nb::arg("window").none(), nb::arg("scale").none(),
+        nb::arg("precision").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
+        nb::arg("softcap").none(), nb::arg("sinks").none(),
+        "Writes out (and lse) in place from q and a KV cache (dense [B,K,S_max,H] or paged "
+        "[num_pages,K,page_size,H] with block_table), first appending k_new/v_new into the cache.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),

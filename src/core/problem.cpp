@@ -179,6 +179,10 @@ void check_sequences(const Options& o, std::int64_t B, std::int64_t T, std::int6
 
 }  // namespace
 
+bool views_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name) {
+  return overlaps(checked_extent(a, a_name), checked_extent(b, b_name));
+}
+
 int resolve_threads(int requested) {
   if (requested < 0)
     fail("threads: " + std::to_string(requested) + ", expected >= 0 (0 = all cores)");

@@ -148,6 +148,10 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
 Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
                      const TensorView& k, const TensorView& v, const Options& options);
 
+// Whether two views' byte ranges overlap (each from its first to its last element; empty views never
+// do). Throws Error, as make_problem, for a view whose offsets overflow.
+bool views_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
+
 // The number of OpenMP threads to use for `requested` (0 = all cores).
 int resolve_threads(int requested);
 

@@ -14,12 +14,25 @@
 // Few (b, kv head) pairs leave threads idle, so each pair's key range is split by the planner the
 // packed path uses (kv_splits.hpp: a task is one q block of all T positions), and the partial
 // (O, m, l) are merged in split order, so the result is bitwise the same for any number of threads.
+//
+// Row groups (the KV-cache API, kDecodeMaxRows < G*T <= kDecodeMaxGroupedRows): a task still holds all
+// G*T rows (O, m, l for each), and runs each KV block through the rows in groups of kDecodeMaxRows / G
+// positions, one after another: the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM
+// for the first group and from L2 for the others, so K/V still stream once while the kernels stay the
+// small-tile ones. With G*T <= kDecodeMaxRows there is one group, as before (the same bits).
+//
+// Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
+// inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
+// block is moved down to one, the extra keys masked), so every piece starts at a multiple of 16
+// columns of S and P; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key
+// order, so the pieces give the bits of one call over the same rows laid out densely.
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/aligned_buffer.hpp"
@@ -37,36 +50,150 @@ constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (s
 
 struct Plan {
   const FlashKernels* kern = nullptr;
-  std::int64_t M = 0, Hp = 0;  // M: the most rows of a q block
+  const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
+  std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
-Plan make_plan(const Problem& p, const FlashKernels& k) {
+// The positions of the longest q block: all T, or with packed sequences the longest sequence's (the
+// planner cuts q blocks at sequence boundaries: batched decode of many one-token sequences).
+std::int64_t block_positions(const Problem& p) {
+  if (p.sequences.empty()) return p.T;
+  std::int64_t most = 0;
+  for (const Problem::Sequence& s : p.sequences) most = std::max(most, s.q_end - s.q_begin);
+  return most;
+}
+
+Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   Plan plan;
   plan.kern = &k;
+  plan.pages = pages;
+  plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
+  plan.R = p.G * decode_positions(p);
   plan.Hp = round_up(p.H, kHTile);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
-  const std::int64_t bkv =
+  std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
+  if (pages != nullptr) bkv = round_up(bkv, kPageAlign);  // blocks start on page pieces' alignment
   plan.work = plan_tasks(p, p.T, bkv);
-  for (std::int64_t qb = 0; qb + 1 < static_cast<std::int64_t>(plan.work.q_start.size()); ++qb)
-    plan.M = std::max(plan.M, plan.work.rows(p, qb));  // the most rows of a q block: the workspace's
   return plan;
 }
 
-// One thread's buffers (64-byte aligned, leading dimensions multiples of 64 bytes).
+// Row s of kv head kh of a paged source (`base`: the cache's first element, `page_stride` and
+// `row_stride` in elements).
+const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::int64_t page_stride,
+                      std::int64_t head_stride, std::int64_t row_stride, std::int64_t kh, std::int64_t s) {
+  const std::int64_t page = pages.table[s / pages.page_size];
+  return static_cast<const char*>(base) +
+         (page * page_stride + kh * head_stride + (s % pages.page_size) * row_stride) *
+             static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+// Pages shorter than this are gathered (see for_each_piece).
+constexpr std::int64_t kGatherPagesBelow = 64;
+// How many pieces ahead a gather prefetches.
+constexpr std::int64_t kPrefetchPieces = 2;
+
+// f(j0, row, n, ld) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one
+// piece, the whole block, without pages): j0 the piece's first key relative to s0, row its first row,
+// ld the elements between its rows. Pages of fewer than kGatherPagesBelow keys are first copied, as
+// they are, into `gather` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys,
+// and per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same
+// rows in the same order, so the same bits.
+template <typename F>
+void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
+                    std::int64_t s0, std::int64_t n, char* gather, F f) {
+  if (pages == nullptr) {
+    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n, is_k ? p.k_stride[2] : p.v_stride[2]);
+    return;
+  }
+  const DType dtype = is_k ? p.k_dtype : p.v_dtype;
+  const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
+  const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
+  const bool gathered = pages->page_size < kGatherPagesBelow;
+  auto row_at = [&](std::int64_t s) {
+    return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
+                : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
+  };
+  for (std::int64_t j0 = 0; j0 < n;) {
+    const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
+    const char* row = row_at(s);
+    // Small pages lie anywhere: the hardware prefetchers lose the stream at each one, so fetch the
+    // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied.
+    const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
+    if (gathered && ahead < s0 + n) {
+      const char* next = row_at(ahead);
+      for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
+        for (std::int64_t c = 0; c < row_bytes; c += 64)
+          __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c);
+    }
+    if (gathered)
+      for (std::int64_t j = 0; j < len; ++j)
+        std::memcpy(gather + (j0 + j) * row_bytes, row + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)),
+                    static_cast<std::size_t>(row_bytes));
+    else
+      f(j0, row, len, row_stride);
+    j0 += len;
+  }
+  if (gathered) f(0, gather, n, p.H);
+}
+
+// Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather;
   std::int64_t ld = 0;  // of S and P, in elements
-  explicit Workspace(const Plan& plan) : ld(padded_keys(plan.work.bkv)) {
-    q.reset(static_cast<std::size_t>(plan.M * plan.Hp * 2));
-    o.reset(static_cast<std::size_t>(plan.M * plan.Hp * 4));
-    for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(plan.M * 4));
-    s.reset(static_cast<std::size_t>(plan.M * ld * 4));
-    p.reset(static_cast<std::size_t>(plan.M * ld * 2));
+  explicit Workspace(const std::vector<Plan>& plans) {
+    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0;
+    for (const Plan& plan : plans) {
+      M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
+      ld = std::max(ld, padded_keys(plan.work.bkv));
+      if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow)  // a block of f32 rows at most
+        gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4);
+    }
+    if (gather_bytes > 0) gather.reset(static_cast<std::size_t>(gather_bytes));
+    q.reset(static_cast<std::size_t>(M * Hp * 2));
+    o.reset(static_cast<std::size_t>(M * Hp * 4));
+    for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
+    s.reset(static_cast<std::size_t>(R * ld * 4));
+    p.reset(static_cast<std::size_t>(R * ld * 2));
     std::memset(s.data(), 0, s.bytes());
   }
 };
+
+// One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
+// the block): S = scale Q K^T, the softcap, the online softmax, O = O corr + P V.
+void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
+               std::int64_t r0, std::int64_t R) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp;
+  const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
+  const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
+  const std::int64_t keys_seen = hi[R - 1];  // the last row (latest position) sees the last keys
+  if (keys_seen <= lo[0]) return;            // no row of the group sees a key of this block
+  const std::uint16_t* q = w.q.as<std::uint16_t>() + r0 * Hp;
+  float* o = w.o.as<float>() + r0 * Hp;
+  float* corr = w.corr.as<float>() + r0;
+  // S = scale Q K^T over the first keys_seen keys (page by page when paged).
+  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
+                 [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk) {
+                   kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
+                                        static_cast<int>(R)});
+                 });
+  // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
+  if (p.softcap != 0.0f)
+    for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
+  // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
+  const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, w.m.as<float>() + r0,
+                                        w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
+                                        static_cast<int>(R), true});
+  // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
+  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
+                 [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv) {
+                   kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
+                                        round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
+                                        static_cast<int>(R)});
+                 });
+}
 
 void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
   const FlashKernels& kern = *plan.kern;
@@ -84,68 +211,80 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
   std::fill(m, m + M, kNegInf);
   std::fill(l, l + M, 0.0f);
 
-  for (std::int64_t s0 = task.keys.begin; s0 < task.keys.end; s0 += bkv) {
+  // Paged: start on a piece boundary (the keys before task.keys.begin are masked below).
+  const std::int64_t first = plan.pages ? task.keys.begin / kPageAlign * kPageAlign : task.keys.begin;
+  for (std::int64_t s0 = first; s0 < task.keys.end; s0 += bkv) {
     const std::int64_t n = std::min(bkv, task.keys.end - s0);
-    // Keys of the block each row sees; the last row (latest position) sees the last ones.
+    // Keys of the block each row sees.
     for (std::int64_t r = 0; r < M; ++r) {
       const KeyRange keys = p.visible_keys(rows.t(r)).clamp_to(s0, s0 + n, s0);
       lo[r] = static_cast<std::int32_t>(keys.begin);
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
-    const std::int64_t keys_seen = hi[M - 1];
-    if (keys_seen <= lo[0]) continue;  // no row sees a key of this block
-    // S = scale Q K^T over the first keys_seen keys.
-    kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, p.k_row(task.b, task.kh, s0), p.k_dtype, p.k_stride[2],
-                         keys_seen, p.H, Hp, p.scale, static_cast<int>(M)});
-    // Softcap: S = c tanh(S / c) over the keys seen (entries past them are masked by hi).
-    if (p.softcap != 0.0f)
-      for (std::int64_t r = 0; r < M; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
-    // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
-    const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, m, l, w.corr.as<float>(), lo,
-                                          hi, padded_keys(keys_seen), static_cast<int>(M), true});
-    // O = O corr + P V (the rescale only when some row's max moved).
-    kern.decode_pv_rows({o, Hp, w.p.data(), w.ld, p.v_row(task.b, task.kh, s0), p.v_dtype, p.v_stride[2],
-                         keys_seen, round_up(keys_seen, 2), p.H, Hp, moved ? w.corr.as<float>() : nullptr,
-                         static_cast<int>(M)});
+    // The row groups one after another on the same block, which stays in L2 after the first.
+    for (std::int64_t r0 = 0; r0 < M; r0 += plan.R) run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0));
   }
   finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
 }
 
 }  // namespace
 
-bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
-  // The rows of one q block: all T positions, or with packed sequences the longest sequence's (the
-  // plan cuts q blocks at sequence boundaries: batched decode of many one-token sequences).
-  std::int64_t positions = p.T;
-  if (!p.sequences.empty()) {
-    positions = 0;
-    for (const Problem::Sequence& s : p.sequences) positions = std::max(positions, s.q_end - s.q_begin);
-  }
-  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 &&
-         p.G * positions <= kDecodeMaxRows;
+std::int64_t decode_positions(const Problem& p) {
+  return std::clamp<std::int64_t>(kDecodeMaxRows / std::max<std::int64_t>(p.G, 1), 1,
+                                  std::max<std::int64_t>(block_positions(p), 1));
 }
 
-void flash_attention_decode(const Problem& p, const FlashKernels& k) {
-  if (p.B == 0 || p.T == 0) return;
-  const Plan plan = make_plan(p, k);
-  SplitPartials parts(plan.work, plan.M, plan.Hp);
+bool flash_decode_applies(const Problem& p, const FlashKernels& k) {
+  return flash_decode_row_groups_apply(p, k) && p.G * block_positions(p) <= kDecodeMaxRows;
+}
+
+bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k) {
+  return k.decode_qk_rows && k.decode_pv_rows && k.operand_bytes == 2 && p.T >= 1 && p.G <= kDecodeMaxRows &&
+         p.G * block_positions(p) <= kDecodeMaxGroupedRows;
+}
+
+void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages) {
+  flash_attention_decode(std::vector<const Problem*>{&p}, k, std::vector<const KvPages*>{pages});
+}
+
+void flash_attention_decode(const std::vector<const Problem*>& problems, const FlashKernels& k,
+                            const std::vector<const KvPages*>& pages) {
+  std::vector<const Problem*> ps;
+  std::vector<Plan> plans;
+  std::vector<SplitPartials> parts;
+  std::vector<std::pair<std::size_t, std::size_t>> tasks, merges;  // (plan, task or merge)
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const Problem& p = *problems[i];
+    if (p.B == 0 || p.T == 0) continue;
+    ps.push_back(&p);
+    plans.push_back(make_plan(p, k, pages[i]));
+    const Plan& plan = plans.back();
+    parts.emplace_back(plan.work, plan.M, plan.Hp);
+    for (std::size_t t = 0; t < plan.work.tasks.size(); ++t) tasks.push_back({plans.size() - 1, t});
+    for (std::size_t m = 0; m < plan.work.merges.size(); ++m) merges.push_back({plans.size() - 1, m});
+  }
+  if (ps.empty()) return;
   run_tasks_then_merges(
-      p, static_cast<std::int64_t>(plan.work.tasks.size()),
-      static_cast<std::int64_t>(plan.work.merges.size()), [&] { return Workspace(plan); },
-      [&](std::int64_t i, Workspace& w) { run_task(p, plan, plan.work.tasks[static_cast<std::size_t>(i)], w, parts); },
+      *ps[0], static_cast<std::int64_t>(tasks.size()), static_cast<std::int64_t>(merges.size()),
+      [&] { return Workspace(plans); },
+      [&](std::int64_t i, Workspace& w) {
+        const auto [j, t] = tasks[static_cast<std::size_t>(i)];
+        run_task(*ps[j], plans[j], plans[j].work.tasks[t], w, parts[j]);
+      },
       [&](std::int64_t i, float* acc) {
-        merge_task(p, plan.work, plan.work.merges[static_cast<std::size_t>(i)], parts, acc);
+        const auto [j, m] = merges[static_cast<std::size_t>(i)];
+        merge_task(*ps[j], plans[j].work, plans[j].work.merges[m], parts[j], acc);
       });
 }
 
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k) {
   if (p.B == 0 || p.T == 0) return 1;
-  return static_cast<int>(make_plan(p, k).work.max_splits());
+  return static_cast<int>(make_plan(p, k, nullptr).work.max_splits());
 }
 
-KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k) {
+KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   if (p.B == 0 || p.T == 0) return {1, 0};
-  return make_plan(p, k).work.key_sums();
+  return make_plan(p, k, pages).work.key_sums();
 }
 
 }  // namespace flashgqa

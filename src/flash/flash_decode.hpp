@@ -5,23 +5,50 @@
 // kernels (kernels/microkernels.hpp). flash_attention dispatches here when it applies.
 #pragma once
 
+#include <vector>
+
 #include "core/key_sums.hpp"
 #include "core/problem.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
 
+// A paged K/V source (the KV-cache API, src/api/kvcache.cpp): key s of kv head kh of the problem's one
+// sequence (B = 1) is row s % page_size of page table[s / page_size], at
+//   p.k + page * k_page_stride + kh * p.k_stride[1] + (s % page_size) * p.k_stride[2]   (elements; v alike).
+// page_size is a multiple of kPageAlign; the table covers the p.S keys.
+constexpr std::int64_t kPageAlign = 16;
+struct KvPages {
+  const std::int32_t* table = nullptr;
+  std::int64_t page_size = 0;
+  std::int64_t k_page_stride = 0, v_page_stride = 0;
+};
+
 // Whether the decode path takes p on kernel set k: k has decode kernels and G*T <= kDecodeMaxRows.
 bool flash_decode_applies(const Problem& p, const FlashKernels& k);
+// Whether the decode path can take p in row groups (the KV-cache API): k has decode kernels and
+// G*T <= kDecodeMaxGroupedRows (T = 16 at G = 8). Every KV block goes through groups of
+// decode_positions(p) positions in turn (docs/performance.md, KV cache).
+constexpr std::int64_t kDecodeMaxGroupedRows = 128;
+bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k);
+// Positions per row group: kDecodeMaxRows / G (at least 1), at most T (T when G*T <= kDecodeMaxRows).
+std::int64_t decode_positions(const Problem& p);
 
-// Attention for p on k's decode kernels (flash_decode_applies(p, k) must hold). Results depend on the
-// shapes and block size only, never on the thread count.
-void flash_attention_decode(const Problem& p, const FlashKernels& k);
+// Attention for p on k's decode kernels (flash_decode_row_groups_apply(p, k) must hold); K/V rows from
+// `pages` when not null (then B = 1). Results depend on the shapes, block size and page size only,
+// never on the thread count.
+void flash_attention_decode(const Problem& p, const FlashKernels& k, const KvPages* pages = nullptr);
+// Several problems (the sequences of a KV-cache call; the same H, threads and interrupt flag) in one
+// parallel region: every problem's tasks, then every problem's merges, each planned as alone (the
+// same bits as one call per problem, with one start-up and one barrier instead of one per problem).
+// pages[i] is null or problem i's paged source.
+void flash_attention_decode(const std::vector<const Problem*>& problems, const FlashKernels& k,
+                            const std::vector<const KvPages*>& pages);
 
 // The number of KV splits per (b, kv head) the decode plan uses (1 = none). For tests.
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k);
 
 // How the decode path sums over keys (TaskPlan::key_sums of its plan).
-KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k);
+KeySums flash_decode_key_sums(const Problem& p, const FlashKernels& k, const KvPages* pages = nullptr);
 
 }  // namespace flashgqa

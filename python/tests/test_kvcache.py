@@ -1,0 +1,156 @@
+"""flashgqa.attention_with_kvcache: each sequence against the float64 reference on its gathered dense
+keys (error_bounds.py), dense and paged caches (pages 16 and 256, shuffled tables), ragged lengths
+with 0 and 1, T = 1..16, k_new/v_new appended in place (numpy, torch), windows, softcap, sinks, the
+same bits dense and paged, jax caches read-only, errors.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import flashgqa
+from error_bounds import ROUNDOFF, Reference, as_f64, assert_within, operands, window_mask
+
+NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def make_cache(rng, B, K, G, T, H, seqlens, page_size, dtype, with_new):
+    """(q, k_cache, v_cache, block_table, k_new, v_new, dense_k, dense_v): dense_k/v [B, K, S, H]
+    hold every sequence's keys (the appended ones too) at their positions."""
+    dt = NP_DTYPES[dtype]
+    S = max(seqlens) + T
+    dense_k = rng.standard_normal((B, K, S, H)).astype(dt)
+    dense_v = rng.standard_normal((B, K, S, H)).astype(dt)
+    q = rng.standard_normal((B, K, G, T, H)).astype(dt)
+    k_new = v_new = None
+    if with_new:
+        k_new = np.stack([dense_k[b, :, L:L + T] for b, L in enumerate(seqlens)])
+        v_new = np.stack([dense_v[b, :, L:L + T] for b, L in enumerate(seqlens)])
+    if not page_size:
+        kc = np.full((B, K, S + 5, H), np.nan, dtype=dt)
+        vc = kc.copy()
+        for b, L in enumerate(seqlens):
+            kc[b, :, :L], vc[b, :, :L] = dense_k[b, :, :L], dense_v[b, :, :L]
+        return q, kc, vc, None, k_new, v_new, dense_k, dense_v
+    max_pages = -(-S // page_size)
+    pages = rng.permutation(B * max_pages + 2).astype(np.int32)
+    table = pages[:B * max_pages].reshape(B, max_pages)
+    kc = np.full((B * max_pages + 2, K, page_size, H), np.nan, dtype=dt)
+    vc = kc.copy()
+    for b, L in enumerate(seqlens):
+        for s in range(L):
+            kc[table[b, s // page_size], :, s % page_size] = dense_k[b, :, s]
+            vc[table[b, s // page_size], :, s % page_size] = dense_v[b, :, s]
+    return q, kc, vc, table, k_new, v_new, dense_k, dense_v
+
+
+def check_sequences(out, lse, q, dense_k, dense_v, seqlens, T, dtype, with_new, causal=True,
+                    window=(-1, -1), softcap=None, sinks=None):
+    precision = "f32" if dtype == "float32" else "bf16"
+    u_p = ROUNDOFF["bfloat16"] if precision == "bf16" else ROUNDOFF["float32"]
+    H = q.shape[-1]
+    for b, L0 in enumerate(seqlens):
+        L = L0 + (T if with_new else 0)
+        qo = operands(q[b:b + 1], precision)
+        ko, vo = operands(dense_k[b:b + 1, :, :L], precision), operands(dense_v[b:b + 1, :, :L], precision)
+        mask = window_mask(T, L, causal=causal, window=window)
+        ref = Reference(qo, ko, vo, H ** -0.5, softcap=softcap, mask=mask,
+                        sinks=None if sinks is None else as_f64(sinks))
+        assert_within(out[b:b + 1], ref.out, *ref.softmax_bounds([(u_p, max(L, 1))], ROUNDOFF[dtype]),
+                      f"sequence {b} (L {L})")
+        finite = np.isfinite(ref.lse[0])
+        got = as_f64(lse[b])
+        assert (got[~finite] == ref.lse[0][~finite]).all()
+        assert (np.abs(got[finite] - ref.lse[0][finite]) <= ref.lse_bound()[0][finite]).all()
+
+
+SEQLENS = [0, 1, 37, 300, 16]
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 256], ids=["dense", "page16", "page256"])
+@pytest.mark.parametrize("T", [1, 3, 16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_matches_reference(rng, page_size, T, dtype):
+    with_new = T != 3
+    q, kc, vc, table, kn, vn, dk, dv = make_cache(rng, 5, 2, 4, T, 64, SEQLENS, page_size, dtype, with_new)
+    out, lse = flashgqa.attention_with_kvcache(
+        q, kc, vc, cache_seqlens=np.array(SEQLENS), block_table=table, k_new=kn, v_new=vn,
+        precision="f32" if dtype == "float32" else "bf16", return_lse=True)
+    check_sequences(out, lse, q, dk, dv, SEQLENS, T, dtype, with_new)
+    if with_new:  # appended in place
+        for b, L in enumerate(SEQLENS):
+            for t in range(T):
+                s = L + t
+                row = kc[b, :, s] if table is None else kc[table[b, s // page_size], :, s % page_size]
+                assert row.tobytes() == kn[b, :, t].tobytes()
+
+
+@pytest.mark.parametrize("variant", ["window", "softcap", "sinks", "noncausal"])
+def test_variants(rng, variant):
+    T, G, K = 4, 4, 2
+    q, kc, vc, table, kn, vn, dk, dv = make_cache(rng, 5, K, G, T, 64, SEQLENS, 16, "bfloat16", True)
+    kwargs, check = {}, {}
+    if variant == "window":
+        kwargs = check = {"window": (9, 0)}
+    elif variant == "softcap":
+        kwargs = check = {"softcap": 3.0}
+    elif variant == "sinks":
+        sinks = rng.standard_normal((K, G)).astype(np.float32)
+        kwargs = check = {"sinks": sinks}
+    else:
+        kwargs = check = {"causal": False}
+    out, lse = flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=SEQLENS, block_table=table,
+                                               k_new=kn, v_new=vn, return_lse=True, **kwargs)
+    check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", True, **check)
+
+
+def test_dense_and_paged_give_the_same_bits_and_torch_works(rng):
+    seqlens = [700, 1, 0, 333]
+    results = []
+    for page_size in (0, 16, 256):
+        q, kc, vc, table, kn, vn, _, _ = make_cache(np.random.default_rng(3), 4, 2, 4, 16, 128, seqlens,
+                                                    page_size, "float32", True)
+        results.append(flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table,
+                                                       k_new=kn, v_new=vn, threads=1 + page_size % 3))
+    assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
+    # torch: the cache written in place, the result a torch tensor of q's dtype.
+    q, kc, vc, table, kn, vn, _, _ = make_cache(np.random.default_rng(3), 4, 2, 4, 16, 128, seqlens, 16,
+                                                "float32", True)
+    tk, tv = torch.from_numpy(kc), torch.from_numpy(vc)
+    out = flashgqa.attention_with_kvcache(torch.from_numpy(q), tk, tv, cache_seqlens=torch.tensor(seqlens),
+                                          block_table=torch.from_numpy(table), k_new=torch.from_numpy(kn),
+                                          v_new=torch.from_numpy(vn), threads=1)
+    assert isinstance(out, torch.Tensor) and out.numpy().tobytes() == results[1].tobytes()
+    assert not np.isnan(kc[table[0, 700 // 16], :, 700 % 16]).any()
+
+
+def test_sdpa_layout_and_jax_cache(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    seqlens = [10, 40]
+    q, kc, vc, _, _, _, _, _ = make_cache(rng, 2, 2, 3, 2, 32, seqlens, 0, "float32", False)
+    want = flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    got = flashgqa.attention_with_kvcache(q.reshape(2, 6, 2, 32), kc, vc, cache_seqlens=seqlens)
+    assert got.tobytes() == want.reshape(2, 6, 2, 32).tobytes()
+    jout = flashgqa.attention_with_kvcache(jnp.asarray(q), jnp.asarray(kc), jnp.asarray(vc), cache_seqlens=seqlens)
+    assert np.asarray(jout).tobytes() == want.tobytes()
+    with pytest.raises(TypeError, match="immutable"):
+        flashgqa.attention_with_kvcache(jnp.asarray(q), jnp.asarray(kc), jnp.asarray(vc), cache_seqlens=seqlens,
+                                        k_new=jnp.asarray(kc[:, :, :2]), v_new=jnp.asarray(vc[:, :, :2]))
+
+
+def test_errors(rng):
+    q, kc, vc, table, kn, vn, _, _ = make_cache(rng, 2, 2, 2, 2, 32, [20, 10], 16, "float32", True)
+    before = kc.copy()
+    with pytest.raises(ValueError, match=r"seqlens\[1\] = 31"):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[20, 31], block_table=table, k_new=kn, v_new=vn)
+    bad = table.copy()
+    bad[0, 1] = 99
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[1\] = 99"):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[20, 10], block_table=bad, k_new=kn, v_new=vn)
+    with pytest.raises(ValueError, match="cache_seqlens: 3 lengths"):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2, 3], block_table=table)
+    with pytest.raises(ValueError, match="k_new, v_new"):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2], block_table=table, k_new=kn)
+    with pytest.raises(NotImplementedError):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2], k_scale=np.ones(1))
+    assert np.array_equal(before, kc, equal_nan=True)

@@ -1,0 +1,258 @@
+// The KV-cache entry point (attention_with_kvcache, flashgqa.hpp): validate the cache, lengths and page
+// tables once, before anything is written; append k_new/v_new at each sequence's end; then run each
+// sequence as a B = 1 problem on its own L_b keys (Problem::S = L_b, the causal offset L_b - T), so a
+// per-sequence length is nothing but a per-sequence key range and every variant (windows, softcap,
+// sinks) comes with it.
+//
+// Which path: the decode kernels where the kernel set has them (avx512bf16, Precision::bf16) and
+// G <= kDecodeMaxRows, reading dense rows in place and paged rows page by page (flash_decode.hpp:
+// KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on the dense view, a
+// paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
+// The decode kernels' sequences run together, in one parallel region (a region per sequence costs a
+// start-up and a barrier each, which on a busy machine can cost more than the work); the others run one
+// after another. Each sequence is planned as alone, so nothing depends on the thread count.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/error_text.hpp"
+#include "core/int_math.hpp"
+#include "core/problem.hpp"
+#include "flash/flash_decode.hpp"
+#include "flash/flash_packed.hpp"
+#include "flashgqa/flashgqa.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+std::int64_t esize(const TensorView& t) { return static_cast<std::int64_t>(dtype_size(t.dtype)); }
+
+// Batch entry b of t as a batch of one.
+TensorView batch_entry(const TensorView& t, std::int64_t b) {
+  TensorView e = t;
+  e.shape[0] = 1;
+  e.data = static_cast<char*>(t.data) + b * t.stride[0] * esize(t);
+  return e;
+}
+
+struct CacheShape {
+  bool paged = false;
+  std::int64_t B = 0, K = 0, T = 0, H = 0;
+  std::int64_t rows = 0;      // S_max (dense) or page_size (paged): dimension 2 of the cache
+  std::int64_t capacity = 0;  // keys a sequence can hold: S_max, or max_pages * page_size
+  // Keys of sequence b in this call (with the appended ones).
+  std::int64_t length(const KvCache& c, std::int64_t b) const { return c.seqlens[b] + (c.k_new ? T : 0); }
+};
+
+// Address of key s of kv head kh of sequence b in the cache view t (k or v).
+char* cache_row(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b, std::int64_t kh,
+                std::int64_t s) {
+  std::int64_t at = b * t.stride[0] + kh * t.stride[1] + s * t.stride[2];
+  if (cs.paged)
+    at = c.block_table[b * c.max_pages + s / cs.rows] * t.stride[0] + kh * t.stride[1] + (s % cs.rows) * t.stride[2];
+  return static_cast<char*>(t.data) + at * esize(t);
+}
+
+void check_kv_view(const TensorView& t, const char* name, const CacheShape& cs, const char* layout) {
+  if (t.rank != 4) fail(std::string(name) + ": rank " + std::to_string(t.rank) + ", expected 4 " + layout);
+  if (t.shape[1] != cs.K || t.shape[3] != cs.H)
+    fail(std::string(name) + ": shape " + shape_string(t) + ", expected " + layout + " with K = " +
+         std::to_string(cs.K) + " and H = " + std::to_string(cs.H) + " (from q)");
+  if (t.shape[3] > 1 && t.stride[3] != 1)
+    fail(std::string(name) + ": innermost stride " + std::to_string(t.stride[3]) + ", expected 1");
+  for (int d = 0; d < 4; ++d)
+    if (t.shape[static_cast<std::size_t>(d)] < 0) fail(std::string(name) + ": negative dimension in " + shape_string(t));
+}
+
+// Everything but the per-sequence problems (make_problem checks those): throws before any write.
+CacheShape check_cache(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
+                       const Options& o) {
+  if (q.rank != 5) fail("q: rank " + std::to_string(q.rank) + ", expected 5 [B,K,G,T,H]");
+  if (o.cu_seqlens_q != nullptr || o.cu_seqlens_k != nullptr || o.num_sequences != 0)
+    fail("cu_seqlens: packed sequences with a KV cache, expected none (the cache's seqlens give the lengths)");
+  CacheShape cs;
+  cs.paged = c.block_table != nullptr;
+  cs.B = q.shape[0];
+  cs.K = q.shape[1];
+  cs.T = q.shape[3];
+  cs.H = q.shape[4];
+  const char* layout = cs.paged ? "[num_pages,K,page_size,H]" : "[B,K,S_max,H]";
+  check_kv_view(c.k, "k_cache", cs, layout);
+  check_kv_view(c.v, "v_cache", cs, layout);
+  if (!std::equal(c.k.shape.begin(), c.k.shape.begin() + 4, c.v.shape.begin()))
+    fail("v_cache: shape " + shape_string(c.v) + ", expected the shape of k_cache " + shape_string(c.k));
+  cs.rows = c.k.shape[2];
+  if (cs.paged) {
+    if (cs.rows < kPageAlign || cs.rows % kPageAlign != 0)
+      fail("k_cache: page_size " + std::to_string(cs.rows) + " (dimension 2 of " + shape_string(c.k) +
+           "), expected a multiple of " + std::to_string(kPageAlign));
+    if (c.max_pages < 0 || c.max_pages > std::int64_t{1} << 31)
+      fail("max_pages: " + std::to_string(c.max_pages) + ", expected 0 to 2^31 (a row of block_table)");
+    cs.capacity = c.max_pages * cs.rows;
+  } else {
+    if (c.k.shape[0] != cs.B)
+      fail("k_cache: shape " + shape_string(c.k) + " has B = " + std::to_string(c.k.shape[0]) + ", expected " +
+           std::to_string(cs.B) + " (from q)");
+    cs.capacity = cs.rows;
+  }
+  if ((c.k_new == nullptr) != (c.v_new == nullptr))
+    fail(std::string(c.k_new == nullptr ? "k_new" : "v_new") + ": null, expected both k_new and v_new or neither");
+  if (c.k_new != nullptr)
+    for (const auto& [t, name, like] : {std::tuple{c.k_new, "k_new", &c.k}, std::tuple{c.v_new, "v_new", &c.v}}) {
+      if (t->rank != 4 || t->shape[0] != cs.B || t->shape[1] != cs.K || t->shape[2] != cs.T || t->shape[3] != cs.H)
+        fail(std::string(name) + ": shape " + shape_string(*t) + ", expected [B,K,T,H] = [" + std::to_string(cs.B) +
+             "," + std::to_string(cs.K) + "," + std::to_string(cs.T) + "," + std::to_string(cs.H) + "] (from q)");
+      if (t->dtype != like->dtype)
+        fail(std::string(name) + ": dtype " + dtype_name(t->dtype) + ", expected the cache's " + dtype_name(like->dtype));
+      if (cs.H > 1 && t->stride[3] != 1)
+        fail(std::string(name) + ": innermost stride " + std::to_string(t->stride[3]) + ", expected 1");
+      if (t->data == nullptr && t->numel() > 0) fail(std::string(name) + ": null data pointer");
+    }
+  if (cs.B > 0 && c.seqlens == nullptr) fail("seqlens: null, expected B = " + std::to_string(cs.B) + " int32 lengths");
+  if (cs.paged && cs.B > 0 && c.max_pages > 0 && c.block_table == nullptr) fail("block_table: null");
+  for (std::int64_t b = 0; b < cs.B; ++b) {
+    const std::int64_t L = c.seqlens[b], n = cs.length(c, b);
+    if (L < 0 || n > cs.capacity)
+      fail("seqlens[" + std::to_string(b) + "] = " + std::to_string(L) +
+           (c.k_new ? " (+ T = " + std::to_string(cs.T) + " new keys)" : std::string()) +
+           ", expected a length in [0, " + std::to_string(cs.capacity) + "]: the cache holds " +
+           std::to_string(cs.capacity) + " keys per sequence" +
+           (cs.paged ? " (max_pages * page_size)" : " (S_max)"));
+    if (cs.paged)
+      for (std::int64_t i = 0; i < ceil_div(n, cs.rows); ++i) {
+        const std::int32_t page = c.block_table[b * c.max_pages + i];
+        if (page < 0 || page >= c.k.shape[0])
+          fail("block_table[" + std::to_string(b) + "][" + std::to_string(i) + "] = " + std::to_string(page) +
+               ", expected a page index in [0, " + std::to_string(c.k.shape[0]) + ") (sequence " + std::to_string(b) +
+               " has " + std::to_string(n) + " keys)");
+      }
+  }
+  // q, out and lse as attention() checks them, against a cache of no keys (the cache is checked above).
+  TensorView k0 = c.k, v0 = c.v;
+  k0.shape[0] = v0.shape[0] = cs.B;
+  k0.shape[2] = v0.shape[2] = 0;
+  Options checked = o;
+  checked.algorithm = Algorithm::flash;
+  make_problem(out, lse, q, k0, v0, checked);
+  std::vector<std::pair<const TensorView*, const char*>> written = {{&out, "out"}};
+  if (lse != nullptr) written.push_back({lse, "lse"});
+  std::vector<std::pair<const TensorView*, const char*>> read = {{&c.k, "k_cache"}, {&c.v, "v_cache"}};
+  if (c.k_new != nullptr) read.insert(read.end(), {{c.k_new, "k_new"}, {c.v_new, "v_new"}});
+  for (const auto& [w, wn] : written)
+    for (const auto& [r, rn] : read)
+      if (views_overlap(*w, wn, *r, rn)) fail(std::string(wn) + ": memory overlaps " + rn + ", expected a separate buffer");
+  if (c.k_new != nullptr)  // the append writes the cache: nothing it reads may live there
+    for (const auto& [r, rn] : {std::pair{&q, "q"}, {c.k_new, "k_new"}, {c.v_new, "v_new"}})
+      for (const auto& [w, wn] : {std::pair{&c.k, "k_cache"}, {&c.v, "v_cache"}})
+        if (views_overlap(*r, rn, *w, wn))
+          fail(std::string(rn) + ": memory overlaps " + wn + ", which k_new/v_new are written into; expected a separate buffer");
+  return cs;
+}
+
+// k_new, v_new into keys seqlens[b] .. + T of each sequence.
+void append_new_keys(const KvCache& c, const CacheShape& cs) {
+  for (const auto& [src, dst] : {std::pair{c.k_new, &c.k}, std::pair{c.v_new, &c.v}})
+    for (std::int64_t b = 0; b < cs.B; ++b)
+      for (std::int64_t kh = 0; kh < cs.K; ++kh)
+        for (std::int64_t t = 0; t < cs.T; ++t)
+          std::memcpy(cache_row(*dst, c, cs, b, kh, c.seqlens[b] + t),
+                      static_cast<const char*>(src->data) +
+                          (b * src->stride[0] + kh * src->stride[1] + t * src->stride[2]) * esize(*src),
+                      static_cast<std::size_t>(cs.H * esize(*src)));
+}
+
+// Sequence b's L keys of cache view t as a dense [1, K, L, H] copy.
+std::vector<std::byte> gather_sequence(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b,
+                                       std::int64_t L) {
+  const std::int64_t row = cs.H * esize(t);
+  std::vector<std::byte> dense(static_cast<std::size_t>(cs.K * L * row));
+  for (std::int64_t kh = 0; kh < cs.K; ++kh)
+    for (std::int64_t s = 0; s < L; ++s)
+      std::memcpy(dense.data() + (kh * L + s) * row, cache_row(t, c, cs, b, kh, s), static_cast<std::size_t>(row));
+  return dense;
+}
+
+// The decode kernels' share of a call: each sequence's problem and pages, run in one parallel region.
+struct DecodeBatch {
+  std::vector<Problem> problems;
+  std::vector<KvPages> pages;
+  std::vector<bool> paged;
+};
+
+// Sequence b: appended to `decode` when the decode kernels take it, else run here (fast flash's own
+// path on the dense rows, or on a gathered copy of a paged sequence).
+void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
+                          const CacheShape& cs, const Options& options, std::int64_t b, DecodeBatch& decode) {
+  const std::int64_t L = cs.length(c, b);
+  Options o = options;
+  o.algorithm = Algorithm::flash;
+  o.causal_offset = options.causal_offset.value_or(L - cs.T);
+  const TensorView out_b = batch_entry(out, b), q_b = batch_entry(q, b);
+  TensorView lse_b;
+  if (lse != nullptr) lse_b = batch_entry(*lse, b);
+  const TensorView* lse_p = lse != nullptr ? &lse_b : nullptr;
+  const Isa isa = active_isa();
+  const FlashKernels& kern = kernels_for(isa, o.precision);
+  if (!cs.paged || L == 0) {  // the cache rows in place
+    TensorView k = c.k, v = c.v;
+    if (!cs.paged) k = batch_entry(c.k, b), v = batch_entry(c.v, b);
+    k.shape[0] = v.shape[0] = 1;
+    k.shape[2] = v.shape[2] = L;
+    Problem p = make_problem(out_b, lse_p, q_b, k, v, o);
+    if (!flash_decode_row_groups_apply(p, kern)) return flash_attention(p, isa);
+    decode.problems.push_back(std::move(p));
+    decode.pages.push_back({});
+    decode.paged.push_back(false);
+    return;
+  }
+  const std::int32_t* table = c.block_table + b * c.max_pages;
+  const TensorView k_page = batch_entry(c.k, table[0]), v_page = batch_entry(c.v, table[0]);
+  Problem p = make_problem(out_b, lse_p, q_b, k_page, v_page, o);  // validated on its first page
+  if (flash_decode_row_groups_apply(p, kern)) {
+    p.S = L;
+    p.k = c.k.data;
+    p.v = c.v.data;
+    decode.problems.push_back(std::move(p));
+    decode.pages.push_back({table, cs.rows, c.k.stride[0], c.v.stride[0]});
+    decode.paged.push_back(true);
+    return;
+  }
+  std::vector<std::byte> k_dense = gather_sequence(c.k, c, cs, b, L), v_dense = gather_sequence(c.v, c, cs, b, L);
+  const TensorView k = contiguous_view(k_dense.data(), c.k.dtype, {1, cs.K, L, cs.H});
+  const TensorView v = contiguous_view(v_dense.data(), c.v.dtype, {1, cs.K, L, cs.H});
+  flash_attention(make_problem(out_b, lse_p, q_b, k, v, o), isa);
+}
+
+void run(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& cache,
+         const Options& options) {
+  const CacheShape cs = check_cache(out, lse, q, cache, options);
+  if (cache.k_new != nullptr) append_new_keys(cache, cs);
+  if (cs.B * cs.K * q.shape[2] * cs.T == 0) return;  // nothing to write
+  DecodeBatch decode;
+  for (std::int64_t b = 0; b < cs.B; ++b) plan_or_run_sequence(out, lse, q, cache, cs, options, b, decode);
+  if (decode.problems.empty()) return;
+  std::vector<const Problem*> problems;
+  std::vector<const KvPages*> pages;
+  for (std::size_t i = 0; i < decode.problems.size(); ++i) {
+    problems.push_back(&decode.problems[i]);
+    pages.push_back(decode.paged[i] ? &decode.pages[i] : nullptr);
+  }
+  flash_attention_decode(problems, kernels_for(active_isa(), options.precision), pages);
+}
+
+}  // namespace
+
+void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache, const Options& options) {
+  run(out, nullptr, q, cache, options);
+}
+
+void attention_with_kvcache(const TensorView& out, const TensorView& lse, const TensorView& q, const KvCache& cache,
+                            const Options& options) {
+  run(out, &lse, q, cache, options);
+}
+
+}  // namespace flashgqa

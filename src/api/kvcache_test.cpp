@@ -1,0 +1,313 @@
+// attention_with_kvcache on every instruction-set path against the float64 reference on the gathered
+// dense equivalent (each sequence's L_b keys as a [1, K, L_b, H] problem): dense and paged caches
+// (page sizes 16 and 256, shuffled page tables), ragged lengths including 0 and 1, T = 1..16, every K/V
+// dtype, k_new/v_new appended, windows, softcap, sinks; the same bits dense and paged and for any
+// thread count; bad lengths, pages and shapes rejected with an Error before anything is written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/int_math.hpp"
+#include "core/problem.hpp"
+#include "flashgqa/flashgqa.hpp"
+#include "reference/reference.hpp"
+#include "reference/tolerance.hpp"
+#include "testing/attention_case.hpp"
+#include "testing/isa_test.hpp"
+
+namespace flashgqa {
+namespace {
+
+using testing::bitwise_equal;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct CacheSpec {
+  std::int64_t K, G, T, H;
+  std::vector<std::int32_t> seqlens;  // keys in the cache before the call
+  std::int64_t page_size;             // 0: dense
+  DType dtype;
+  bool with_new;
+};
+
+std::string to_string(const CacheSpec& s) {
+  std::string lens;
+  for (std::int32_t L : s.seqlens) lens += (lens.empty() ? "" : ",") + std::to_string(L);
+  return "K " + std::to_string(s.K) + " G " + std::to_string(s.G) + " T " + std::to_string(s.T) + " H " +
+         std::to_string(s.H) + " seqlens [" + lens + "] " +
+         (s.page_size ? "page " + std::to_string(s.page_size) : std::string("dense")) + " " + dtype_name(s.dtype) +
+         (s.with_new ? " k_new" : "");
+}
+
+// A cache laid out as the spec says; the same seed gives the same logical keys, values and queries in
+// every layout. Rows no sequence holds are NaN (a read of one would show).
+struct CacheCase {
+  CacheSpec spec;
+  std::int64_t B = 0, S_max = 0, S_log = 0, max_pages = 0, num_pages = 0;
+  std::vector<float> logical_k, logical_v;  // [B][K][S_log][H]: keys 0..L_b + T of each sequence
+  std::vector<std::byte> k_buf, v_buf, q_buf, out_buf, k_new_buf, v_new_buf;
+  std::vector<float> lse_buf;
+  std::vector<std::int32_t> table;
+  TensorView k, v, q, out, lse, k_new, v_new;
+
+  CacheCase(const CacheSpec& s, std::uint64_t seed) : spec(s) {
+    B = static_cast<std::int64_t>(s.seqlens.size());
+    std::int64_t longest = 1;
+    for (std::int32_t L : s.seqlens) longest = std::max<std::int64_t>(longest, L + s.T);
+    S_log = longest;
+    S_max = s.page_size ? round_up(longest, s.page_size) : longest + 3;  // dense: some room to spare
+    const std::int64_t K = s.K, H = s.H, T = s.T, es = static_cast<std::int64_t>(dtype_size(s.dtype));
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    logical_k.assign(static_cast<std::size_t>(B * K * S_log * H), 0.0f);
+    logical_v = logical_k;
+    for (auto* x : {&logical_k, &logical_v})
+      for (float& f : *x) f = normal(rng);
+    if (s.page_size) {
+      max_pages = S_max / s.page_size;
+      num_pages = B * max_pages + 3;  // spare pages, never used
+      std::vector<std::int32_t> pages(static_cast<std::size_t>(num_pages));
+      std::iota(pages.begin(), pages.end(), 0);
+      std::mt19937_64 page_rng(seed + 1);  // q's values stay those of the dense case
+      std::shuffle(pages.begin(), pages.end(), page_rng);
+      table.assign(pages.begin(), pages.begin() + B * max_pages);
+    }
+    const std::int64_t dim0 = s.page_size ? num_pages : B, rows = s.page_size ? s.page_size : S_max;
+    for (auto [buf, view] : {std::pair{&k_buf, &k}, std::pair{&v_buf, &v}}) {
+      buf->assign(static_cast<std::size_t>(dim0 * K * rows * H * es), std::byte{0});
+      *view = contiguous_view(buf->data(), s.dtype, {dim0, K, rows, H});
+      std::vector<float> nan_row(static_cast<std::size_t>(H), kNaN);
+      for (std::int64_t i = 0; i < dim0 * K * rows; ++i) store_row(buf->data() + i * H * es, s.dtype, nan_row.data(), H);
+    }
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t kh = 0; kh < K; ++kh)
+        for (std::int64_t j = 0; j < s.seqlens[static_cast<std::size_t>(b)]; ++j) {
+          store_row(row(k, b, kh, j), s.dtype, &logical_k[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H);
+          store_row(row(v, b, kh, j), s.dtype, &logical_v[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H);
+        }
+    if (s.with_new)
+      for (auto [buf, view, logical] :
+           {std::tuple{&k_new_buf, &k_new, &logical_k}, std::tuple{&v_new_buf, &v_new, &logical_v}}) {
+        buf->resize(static_cast<std::size_t>(B * K * T * H * es));
+        *view = contiguous_view(buf->data(), s.dtype, {B, K, T, H});
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t kh = 0; kh < K; ++kh)
+            for (std::int64_t t = 0; t < T; ++t)
+              store_row(buf->data() + ((b * K + kh) * T + t) * H * es, s.dtype,
+                        &(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + s.seqlens[static_cast<std::size_t>(b)] + t) * H)], H);
+      }
+    q_buf.resize(static_cast<std::size_t>(B * K * s.G * T * H * es));
+    q = contiguous_view(q_buf.data(), s.dtype, {B, K, s.G, T, H});
+    std::vector<float> qrow(static_cast<std::size_t>(H));
+    for (std::int64_t i = 0; i < B * K * s.G * T; ++i) {
+      for (float& f : qrow) f = normal(rng);
+      store_row(q_buf.data() + i * H * es, s.dtype, qrow.data(), H);
+    }
+    out_buf.resize(static_cast<std::size_t>(B * K * s.G * T * H * 4));
+    out = contiguous_view(out_buf.data(), DType::f32, {B, K, s.G, T, H});
+    lse_buf.assign(static_cast<std::size_t>(B * K * s.G * T), kNaN);
+    lse = contiguous_view(lse_buf.data(), DType::f32, {B, K, s.G, T});
+    std::fill(reinterpret_cast<float*>(out_buf.data()), reinterpret_cast<float*>(out_buf.data()) + B * K * s.G * T * H, kNaN);
+  }
+
+  // Key j of kv head kh of sequence b in cache view t.
+  std::byte* row(const TensorView& t, std::int64_t b, std::int64_t kh, std::int64_t j) const {
+    const std::int64_t es = static_cast<std::int64_t>(dtype_size(t.dtype));
+    std::int64_t at = b * t.stride[0] + kh * t.stride[1] + j * t.stride[2];
+    if (spec.page_size)
+      at = table[static_cast<std::size_t>(b * max_pages + j / spec.page_size)] * t.stride[0] + kh * t.stride[1] +
+           (j % spec.page_size) * t.stride[2];
+    return static_cast<std::byte*>(t.data) + at * es;
+  }
+
+  KvCache cache() {
+    KvCache c;
+    c.k = k;
+    c.v = v;
+    c.seqlens = spec.seqlens.data();
+    if (spec.page_size) {
+      c.block_table = table.data();
+      c.max_pages = max_pages;
+    }
+    if (spec.with_new) {
+      c.k_new = &k_new;
+      c.v_new = &v_new;
+    }
+    return c;
+  }
+
+  void run(const Options& o) { attention_with_kvcache(out, lse, q, cache(), o); }
+
+  std::vector<float> out_and_lse() const {
+    std::vector<float> r(reinterpret_cast<const float*>(out_buf.data()),
+                         reinterpret_cast<const float*>(out_buf.data()) + out_buf.size() / 4);
+    r.insert(r.end(), lse_buf.begin(), lse_buf.end());
+    return r;
+  }
+
+  // Each sequence's output and lse against the reference on its dense [1, K, L_b, H] equivalent.
+  void expect_matches_reference(const Options& o, const std::string& what) {
+    const std::int64_t K = spec.K, H = spec.H, T = spec.T, es = static_cast<std::int64_t>(dtype_size(spec.dtype));
+    for (std::int64_t b = 0; b < B; ++b) {
+      const std::int64_t L = spec.seqlens[static_cast<std::size_t>(b)] + (spec.with_new ? T : 0);
+      std::vector<std::byte> kd(static_cast<std::size_t>(std::max<std::int64_t>(K * L * H * es, 1))), vd = kd;
+      std::vector<float> rowf(static_cast<std::size_t>(H));
+      for (std::int64_t kh = 0; kh < K; ++kh)
+        for (std::int64_t j = 0; j < L; ++j)
+          for (auto [dst, logical] : {std::pair{&kd, &logical_k}, std::pair{&vd, &logical_v}}) {
+            std::copy_n(&(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H, rowf.begin());
+            store_row(dst->data() + (kh * L + j) * H * es, spec.dtype, rowf.data(), H);
+          }
+      auto entry = [b](TensorView t) {
+        t.data = static_cast<char*>(t.data) + b * t.stride[0] * static_cast<std::int64_t>(dtype_size(t.dtype));
+        t.shape[0] = 1;
+        return t;
+      };
+      const TensorView out_b = entry(out), lse_b = entry(lse), q_b = entry(q);
+      Options ob = o;
+      ob.causal_offset = o.causal_offset.value_or(L - T);
+      const Problem p = make_problem(out_b, &lse_b, q_b, contiguous_view(kd.data(), spec.dtype, {1, K, L, H}),
+                                     contiguous_view(vd.data(), spec.dtype, {1, K, L, H}), ob);
+      const ErrorReport r = check_against_reference(p, reference_attention(p));
+      EXPECT_TRUE(r.ok) << what << " " << to_string(spec) << " sequence " << b << ": " << r.describe();
+    }
+  }
+};
+
+class KvCacheTest : public testing::IsaTest {
+ protected:
+  void SetUp() override {
+    IsaTest::SetUp();
+    if (IsSkipped()) return;  // a path this machine lacks: leave the active one alone
+    saved_ = active_isa();
+    set_isa(isa());
+  }
+  void TearDown() override {
+    if (!IsSkipped()) set_isa(saved_);
+  }
+  Isa saved_ = Isa::portable;
+};
+
+const std::vector<std::int32_t> kRagged = {0, 1, 37, 300, 16, 1000};
+
+// T = 1..16 new tokens (and 24: past the decode path's row groups), G 1..8, dense and paged (16, 256),
+// every K/V dtype, with and without k_new.
+TEST_P(KvCacheTest, MatchesReference) {
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  int i = 0;
+  for (std::int64_t T : {1, 2, 3, 5, 8, 16, 24})
+    for (std::int64_t page_size : {0, 16, 256}) {
+      ++i;
+      const std::int64_t G = (i % 3 == 0) ? 1 : (i % 3 == 1) ? 4 : 8;
+      const CacheSpec spec{2, G, T, i % 2 ? 128 : 64, kRagged, page_size, dtypes[i % 3], i % 2 == 0};
+      CacheCase c(spec, 100 + static_cast<std::uint64_t>(i));
+      Options o;
+      o.causal = true;
+      c.run(o);
+      c.expect_matches_reference(o, "causal");
+    }
+}
+
+// Windows, softcap, sinks, non-causal, an explicit causal offset and Precision::f32, with row groups
+// (G*T > 8) and pages.
+TEST_P(KvCacheTest, VariantsMatchReference) {
+  const float sinks[] = {0.5f, -1.0f, 2.0f, -std::numeric_limits<float>::infinity(), 0.0f, 1.0f, -2.0f, 3.0f};
+  for (int variant = 0; variant < 7; ++variant)
+    for (std::int64_t page_size : {0, 16}) {
+      const CacheSpec spec{2, 4, 6, 64, {5, 0, 200, 33}, page_size, DType::bf16, variant % 2 == 0};
+      CacheCase c(spec, 200 + static_cast<std::uint64_t>(variant));
+      Options o;
+      o.causal = variant != 3;
+      std::string what;
+      switch (variant) {
+        case 0: o.window_left = 20, what = "window 20"; break;
+        case 1: o.window_left = 7, o.window_right = 0, o.causal = false, what = "window (7, 0)"; break;
+        case 2: o.softcap = 2.0, what = "softcap 2"; break;
+        case 3: what = "not causal"; break;
+        case 4: o.sinks = sinks, o.window_left = 40, what = "sinks and window"; break;
+        case 5: o.causal_offset = 3, what = "causal offset 3"; break;
+        case 6: o.precision = Precision::f32, o.block_kv = 45, what = "f32, block_kv 45"; break;
+      }
+      c.run(o);
+      c.expect_matches_reference(o, what);
+    }
+}
+
+// The same keys dense and paged (pages 16 and 256) give the same bits, for 1, 2 and 3 threads; k_new
+// lands in the cache.
+TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
+  for (std::int64_t T : {1, 4, 16}) {
+    std::vector<float> first;
+    for (std::int64_t page_size : {0, 16, 256})
+      for (int threads : {1, 2, 3}) {
+        const CacheSpec spec{3, 4, T, 128, {700, 1, 1300, 0}, page_size, DType::bf16, true};
+        CacheCase c(spec, 7);
+        Options o;
+        o.causal = true;
+        o.threads = threads;
+        c.run(o);
+        if (first.empty()) first = c.out_and_lse();
+        EXPECT_TRUE(bitwise_equal(first, c.out_and_lse())) << to_string(spec) << " threads " << threads;
+        for (std::int64_t b = 0; b < c.B; ++b)  // the new keys are in the cache
+          for (std::int64_t t = 0; t < T; ++t)
+            ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, spec.seqlens[static_cast<std::size_t>(b)] + t),
+                                     c.k_new_buf.data() + ((b * 3 + 2) * T + t) * 128 * 2, 128 * 2));
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KvCacheTest, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
+
+// Bad input: an Error that names the problem, and the cache untouched.
+TEST(KvCache, RejectsBadInput) {
+  const CacheSpec spec{1, 2, 2, 64, {20, 10}, 16, DType::bf16, true};
+  auto expect_error = [&](auto change, const std::string& fragment) {
+    CacheCase c(spec, 3);
+    const std::vector<std::byte> before = c.k_buf;
+    KvCache cache = c.cache();
+    Options o;
+    change(c, cache, o);
+    try {
+      attention_with_kvcache(c.out, c.q, cache, o);
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(before == c.k_buf) << fragment << ": the cache was written";
+  };
+  std::vector<std::int32_t> too_long = {20, 31}, negative = {-1, 3};
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.seqlens = too_long.data(); }, "seqlens[1] = 31");
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.seqlens = negative.data(); }, "seqlens[0] = -1");
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.table[1] = static_cast<std::int32_t>(c.num_pages); },
+               "block_table[0][1]");
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.table[2] = -1; }, "block_table[1][0]");
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.k.shape[2] = 24, k.v.shape[2] = 24; }, "page_size 24");
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.v_new = nullptr; }, "v_new");
+  expect_error([&](CacheCase& c, KvCache& k, Options&) { c.k_new.shape[2] = 3, k.k_new = &c.k_new; }, "k_new: shape");
+  expect_error([&](CacheCase& c, KvCache& k, Options&) { c.k_new.dtype = DType::f16, k.k_new = &c.k_new; }, "k_new: dtype");
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.k.shape[3] = 32; }, "k_cache: shape");
+  expect_error([&](CacheCase&, KvCache& k, Options&) { k.seqlens = nullptr; }, "seqlens: null");
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.out.shape[3] = 1; }, "out: shape");
+  expect_error([&](CacheCase& c, KvCache& k, Options&) { c.out = k.k, c.out.rank = 5, c.out.shape = {2, 1, 2, 2, 64}, c.out.stride = {256, 256, 128, 64, 1}, c.out.dtype = DType::bf16; },
+               "out: memory overlaps k_cache");
+  std::int32_t cu[] = {0, 1};
+  expect_error([&](CacheCase&, KvCache&, Options& o) { o.cu_seqlens_q = o.cu_seqlens_k = cu, o.num_sequences = 1; },
+               "cu_seqlens");
+  // A dense cache too short for the new keys.
+  CacheCase dense(CacheSpec{1, 2, 2, 64, {10, 20}, 0, DType::bf16, true}, 4);
+  KvCache cache = dense.cache();
+  cache.k.shape[2] = cache.v.shape[2] = 21;
+  EXPECT_THROW(attention_with_kvcache(dense.out, dense.q, cache), Error);
+}
+
+}  // namespace
+}  // namespace flashgqa
