@@ -59,15 +59,25 @@ struct EnumName {
   const char* name;
 };
 
-enum class DType : std::uint8_t { f32, bf16, f16 };
-inline constexpr std::array<EnumName<DType>, 3> kDTypeNames{{
+// int8 is only for a quantized KV cache (KvCache: k and v with a float32 scale per key and kv head,
+// written by quantize_kv); every other tensor is one of the float dtypes (kFloatDTypeNames).
+enum class DType : std::uint8_t { f32, bf16, f16, i8 };
+inline constexpr std::array<EnumName<DType>, 4> kDTypeNames{{
+    {DType::f32, "float32"},
+    {DType::bf16, "bfloat16"},
+    {DType::f16, "float16"},
+    {DType::i8, "int8"},
+}};
+// The dtypes of q, k, v, out, gradients and every tensor but a quantized cache's k and v.
+inline constexpr std::array<EnumName<DType>, 3> kFloatDTypeNames{{
     {DType::f32, "float32"},
     {DType::bf16, "bfloat16"},
     {DType::f16, "float16"},
 }};
+constexpr bool is_float_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 // Size of one element in bytes.
 std::size_t dtype_size(DType dtype);
-// "float32", "bfloat16", "float16" ("unknown" for a code outside the table).
+// "float32", "bfloat16", "float16", "int8" ("unknown" for a code outside the table).
 const char* dtype_name(DType dtype);
 // Parses a name as printed by dtype_name; throws Error for anything else, naming `argument` and
 // listing the valid names: "dtype: unknown dtype 'float64', expected float32, bfloat16 or float16".
@@ -247,10 +257,15 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
 //           sequence b's key s at k[block_table[b * max_pages + s / page_size], :, s % page_size, :];
 //           page_size a multiple of 16. A page may appear in several tables (shared prefixes) as long
 //           as no call appends into a page another sequence reads.
-// Any strides with H contiguous; K/V dtypes float32, bfloat16, float16 (k and v alike).
-// With k_new, v_new ([B,K,T,H], the cache's dtype) the call first writes them into the cache at keys
-// seqlens[b] .. seqlens[b] + T - 1 of each sequence, and the queries attend to them: the sequence then
-// has L_b = seqlens[b] + T keys (else L_b = seqlens[b]). seqlens itself is not changed.
+// Any strides with H contiguous; K/V dtypes float32, bfloat16, float16 or int8 (k and v alike).
+// int8 (quantized, quantize_kv): k_scale and v_scale are float32 views of the cache's shape without H
+// ([B, K, S_max] or [num_pages, K, page_size], any strides); key s of kv head kh stands for the values
+// k_int8[..., s, :] * k_scale[..., s] (the product in fp32, then as an f32 cache's values: rounded to
+// bf16 under Precision::bf16). With any other dtype k_scale and v_scale must be null.
+// With k_new, v_new ([B,K,T,H]; the cache's dtype, or any float dtype for an int8 cache, which
+// quantizes them as quantize_kv does and writes their scales) the call first writes them into the cache
+// at keys seqlens[b] .. seqlens[b] + T - 1 of each sequence, and the queries attend to them: the
+// sequence then has L_b = seqlens[b] + T keys (else L_b = seqlens[b]). seqlens itself is not changed.
 struct KvCache {
   TensorView k, v;
   const std::int32_t* seqlens = nullptr;      // [B]
@@ -258,7 +273,18 @@ struct KvCache {
   std::int64_t max_pages = 0;
   const TensorView* k_new = nullptr;  // [B,K,T,H] or null (with v_new)
   const TensorView* v_new = nullptr;
+  const TensorView* k_scale = nullptr;  // int8 k, v: their float32 scales (both), else null
+  const TensorView* v_scale = nullptr;
 };
+
+// Symmetric int8 quantization of the rows of x (any float dtype, rank 1..5, H = the last axis
+// contiguous), one scale per row: scale = max_h |x[h]| / 127 (fp32), x_int8[h] = x[h] / scale rounded to
+// nearest even (0 for a row of zeros, whose scale is 0). x_int8 has x's shape, scale x's shape without
+// its last axis (float32); any strides, H contiguous in x_int8. So |x[h] - x_int8[h] * scale| <=
+// scale (1/2 + 127 * 2^-23) + 2^-149 (the rounding to an integer, the fp32 quotient and the fp32
+// product; the last term for subnormal products).
+// Throws Error for a NaN or infinite x (a row that cannot be scaled), naming the row, before writing.
+void quantize_kv(const TensorView& x, const TensorView& x_int8, const TensorView& scale);
 
 // out[b] <- attention(q[b], the L_b keys of sequence b) for each b: attention() on the dense
 // [1, K, L_b, H] equivalent, with Options as there per sequence: causal bottom-right by default
@@ -268,7 +294,7 @@ struct KvCache {
 // rows; without them the packed path, which gathers a paged sequence first); Options::cu_seqlens must
 // be null. Throws Error before writing anything for a length beyond the cache (seqlens[b] + T past
 // S_max or max_pages * page_size with k_new), a page index outside [0, num_pages), shapes or dtypes
-// that disagree, or out overlapping the cache. out (and lse) must not overlap q, the cache or k_new/v_new.
+// that disagree, int8 without scales (or scales without int8), or out overlapping the cache. out (and lse) must not overlap q, the cache or k_new/v_new.
 void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache,
                             const Options& options = {});
 // The same, also writing lse [B,K,G,T] as attention() does.

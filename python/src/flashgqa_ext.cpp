@@ -87,7 +87,7 @@ flashgqa::DType to_dtype(nb::dlpack::dtype dt, const char* name) {
     if (dt.code == static_cast<uint8_t>(code::UInt) && dt.bits == 16) return flashgqa::DType::bf16;
   }
   throw nb::type_error((std::string(name) + ": dtype " + dtype_string(dt) + ", expected " +
-                        flashgqa::join_names(flashgqa::kDTypeNames))
+                        flashgqa::join_names(flashgqa::kFloatDTypeNames))
                            .c_str());
 }
 
@@ -695,7 +695,7 @@ NB_MODULE(_flashgqa, m) {
 
   // The library's dtype names, for the front's checks of framework dtypes.
   nb::list dtype_names;
-  for (const auto& e : flashgqa::kDTypeNames) dtype_names.append(e.name);
+  for (const auto& e : flashgqa::kFloatDTypeNames) dtype_names.append(e.name);
   m.attr("DTYPE_NAMES") = nb::tuple(dtype_names);
 
   // Every option may be None (the library's default); see make_options.

@@ -35,7 +35,7 @@ flashgqa::DType to_dtype(ffi::DataType t, const char* name) {
       return flashgqa::DType::f16;
     default:
       throw flashgqa::Error(std::string(name) + ": XLA dtype code " + std::to_string(static_cast<int>(t)) +
-                            ", expected " + flashgqa::join_names(flashgqa::kDTypeNames));
+                            ", expected " + flashgqa::join_names(flashgqa::kFloatDTypeNames));
   }
 }
 

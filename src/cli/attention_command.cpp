@@ -43,7 +43,7 @@ std::string help_text() {
     "  out[b,k,g,t,:] = sum_j softmax_j(scale * q[b,k,g,t,:] . k[b,k,j,:]) v[b,k,j,:]\n"
     "\n"
     "  --q FILE             queries [B,K,G,T,H] (or [B,K*G,T,H] with --kv-heads K), in\n"
-    "                       " + join_names(kDTypeNames) + "\n"
+    "                       " + join_names(kFloatDTypeNames) + "\n"
     "  --k FILE             keys [B,K,S,H]\n"
     "  --v FILE             values [B,K,S,H]\n"
     "  --out FILE           output, written with q's shape and dtype\n"
@@ -61,7 +61,7 @@ std::string help_text() {
     "  --softcap C          logit softcap (Gemma 2): logits s become C*tanh(s/C) before the\n"
     "                       softmax (default 0 = off)\n"
     "  --sinks FILE         attention sinks (gpt-oss): one logit per query head, [K,G] or [K*G]\n"
-    "                       (" + join_names(kDTypeNames) + "); each row's softmax denominator gains\n"
+    "                       (" + join_names(kFloatDTypeNames) + "); each row's softmax denominator gains\n"
     "                       exp(sink), with no value, and so does the lse; -inf is no sink\n"
     "  --precision P        " + join_names(kPrecisionNames, " | ", " | ") + " (default " +
     precision_name(Options{}.precision) + "); bf16: q, k, v and the softmax weights enter\n"

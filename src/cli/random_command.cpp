@@ -29,7 +29,7 @@ std::string help_text() {
     "\n"
     "  --shape B,K,G,T,S,H  the six dimensions, comma-separated\n"
     "  --dir DIR            output folder\n"
-    "  --dtype D            " + join_names(kDTypeNames, " | ", " | ") + " (default bfloat16)\n"
+    "  --dtype D            " + join_names(kFloatDTypeNames, " | ", " | ") + " (default bfloat16)\n"
     "  --seed N             generator seed, an integer >= 0 (default 0); same seed, same files\n"
     "  --scale-inputs X     multiplies every value (default 1)\n"
     "  --help               this text\n";
@@ -99,6 +99,9 @@ int random_command(const std::vector<std::string>& words) {
   const std::int64_t B = dims[0], K = dims[1], G = dims[2], T = dims[3], S = dims[4], H = dims[5];
   const std::string dir = args.required("dir");
   const DType dtype = parse_dtype(args.optional("dtype").value_or("bfloat16"), "--dtype");
+  if (!is_float_dtype(dtype))
+    throw Error(std::string("--dtype: ") + dtype_name(dtype) + ", expected " + join_names(kFloatDTypeNames) +
+                " (q, k and v are floats; an int8 cache comes from quantize_kv)");
   const auto seed = static_cast<std::uint64_t>(args.integer("seed", 0, 0, INT64_MAX));
   const double scale = args.real("scale-inputs", 1.0);
   const std::vector<std::int64_t> q_shape = {B, K, G, T, H}, kv_shape = {B, K, S, H};

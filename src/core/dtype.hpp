@@ -2,6 +2,7 @@
 // Portable C++ only: every instruction-set path may rely on these giving the reference rounding.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +63,7 @@ inline float load_element(const void* row, DType dtype, std::int64_t i) {
     case DType::f32: return static_cast<const float*>(row)[i];
     case DType::bf16: return bf16_bits_to_float(static_cast<const std::uint16_t*>(row)[i]);
     case DType::f16: return f16_bits_to_float(static_cast<const std::uint16_t*>(row)[i]);
+    case DType::i8: return static_cast<float>(static_cast<const std::int8_t*>(row)[i]);  // unscaled
   }
   return 0.0f;
 }
@@ -85,6 +87,10 @@ inline void store_row(void* row, DType dtype, const float* src, std::int64_t n) 
     case DType::f16:
       for (std::int64_t i = 0; i < n; ++i)
         static_cast<std::uint16_t*>(row)[i] = float_to_f16_bits(src[i]);
+      return;
+    case DType::i8:  // unscaled: nearest even, saturated (quantize_kv is what scales)
+      for (std::int64_t i = 0; i < n; ++i)
+        static_cast<std::int8_t*>(row)[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(src[i]), -128.0f, 127.0f));
       return;
   }
 }

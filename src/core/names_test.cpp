@@ -57,14 +57,15 @@ TEST(Names, ParseErrorsNameTheArgumentAndListTheNames) {
   expect_parse_error([] { parse_precision("fp8"); },
                      "precision: unknown precision 'fp8', expected bf16 or f32");
   expect_parse_error([] { parse_dtype("float64", "--dtype"); },
-                     "--dtype: unknown dtype 'float64', expected float32, bfloat16 or float16");
+                     "--dtype: unknown dtype 'float64', expected float32, bfloat16, float16 or int8");
   expect_parse_error([] { parse_dtype(""); },
-                     "dtype: unknown dtype '', expected float32, bfloat16 or float16");
+                     "dtype: unknown dtype '', expected float32, bfloat16, float16 or int8");
 }
 
 TEST(Names, JoinNames) {
   EXPECT_EQ(join_names(kPrecisionNames), "bf16 or f32");
-  EXPECT_EQ(join_names(kDTypeNames, " | ", " | "), "float32 | bfloat16 | float16");
+  EXPECT_EQ(join_names(kFloatDTypeNames, " | ", " | "), "float32 | bfloat16 | float16");
+  EXPECT_EQ(join_names(kDTypeNames), "float32, bfloat16, float16 or int8");
   EXPECT_EQ(join_names(kAlgorithmNames, ",", ","), "naive,chunked-unstable,chunked,kernel1,flash");
   constexpr std::array<EnumName<Precision>, 1> one{{{Precision::f32, "f32"}}};
   EXPECT_EQ(join_names(one), "f32");

@@ -48,13 +48,17 @@ Extent checked_extent(const TensorView& t, const char* name) {
   return {base + lo_b, base + hi_b};
 }
 
-void check_view(const TensorView& t, const char* name, int rank, const char* layout) {
+// int8_ok: the view may be int8 (a quantized KV cache's k and v); otherwise a float dtype.
+void check_view(const TensorView& t, const char* name, int rank, const char* layout, bool int8_ok = false) {
   if (t.rank != rank)
     fail(std::string(name) + ": rank " + std::to_string(t.rank) + ", expected " +
          std::to_string(rank) + " " + layout);
   if (!valid_dtype(t.dtype))
     fail(std::string(name) + ": unknown dtype code " + std::to_string(static_cast<int>(t.dtype)) +
-         ", expected " + join_names(kDTypeNames));
+         ", expected " + (int8_ok ? join_names(kDTypeNames) : join_names(kFloatDTypeNames)));
+  if (t.dtype == DType::i8 && !int8_ok)
+    fail(std::string(name) + ": dtype int8, expected " + join_names(kFloatDTypeNames) +
+         " (int8 only in a KV cache's k and v, with their scales: attention_with_kvcache)");
   for (int d = 0; d < rank; ++d)
     if (t.shape[static_cast<std::size_t>(d)] < 0)
       fail(std::string(name) + ": negative dimension in shape " + shape_string(t));
@@ -73,6 +77,8 @@ void check_dim(const TensorView& t, const char* name, int d, std::int64_t expect
     fail(std::string(name) + ": shape " + shape_string(t) + " has " + what + " = " +
          std::to_string(found) + ", expected " + std::to_string(expected) + " (from q)");
 }
+
+}  // namespace
 
 // An output must not write one address twice: sorted by |stride|, every dimension longer than 1 must
 // step past everything the dimensions inside it span. (Sufficient, and true of every dense or padded
@@ -97,6 +103,8 @@ void check_distinct_elements(const TensorView& t, const char* name) {
     span += (extent - 1) * stride;
   }
 }
+
+namespace {
 
 // t (named `name`) must have the shape of `like` (named `like_name`); both of like's rank.
 void check_same_shape(const TensorView& t, const char* name, const TensorView& like, const char* like_name) {
@@ -196,10 +204,11 @@ int resolve_threads(int requested) {
 #endif
 }
 
-void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options) {
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options,
+                  bool int8_kv) {
   check_view(q, "q", 5, "[B,K,G,T,H]");
-  check_view(k, "k", 4, "[B,K,S,H]");
-  check_view(v, "v", 4, "[B,K,S,H]");
+  check_view(k, "k", 4, "[B,K,S,H]", int8_kv);
+  check_view(v, "v", 4, "[B,K,S,H]", int8_kv);
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
     if (t->numel() == INT64_MAX)
       fail(std::string(name) + ": shape " + shape_string(*t) +
@@ -236,8 +245,8 @@ void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
-                     const TensorView& k, const TensorView& v, const Options& options) {
-  check_inputs(q, k, v, options);
+                     const TensorView& k, const TensorView& v, const Options& options, bool int8_kv) {
+  check_inputs(q, k, v, options, int8_kv);
   check_view(out, "out", 5, "[B,K,G,T,H]");
   if (out.numel() == INT64_MAX)
     fail("out: shape " + shape_string(out) +

@@ -40,6 +40,13 @@ struct Problem {
   const void* v = nullptr;
   DType v_dtype = DType::f32;
   std::int64_t v_stride[3] = {};
+  // int8 k, v (the KV-cache API only; the decode path is the only one that reads them): key s of kv
+  // head kh stands for k_row(b, kh, s)[h] * k_scale[b * k_scale_stride[0] + kh * [1] + s * [2]] (v
+  // alike; with pages, b is the page). Null otherwise.
+  const float* k_scale = nullptr;
+  std::int64_t k_scale_stride[3] = {};
+  const float* v_scale = nullptr;
+  std::int64_t v_scale_stride[3] = {};
   // lse [B,K,G,T] fp32, or null: strides of b, k, g, t.
   float* lse = nullptr;
   std::int64_t lse_stride[4] = {};
@@ -141,16 +148,22 @@ struct Problem {
 
 // Validates q, k, v and the options alone (everything make_problem checks but out and lse), so a
 // caller can reject bad inputs before it allocates the outputs. Throws Error as make_problem does.
-void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options);
+// int8_kv: k and v may be int8 (the KV-cache API's quantized cache; make_problem's caller then sets
+// the scales); otherwise every view must have a float dtype.
+void check_inputs(const TensorView& q, const TensorView& k, const TensorView& v, const Options& options,
+                  bool int8_kv = false);
 
 // Validates the views and options and resolves the defaults (scale, causal offset, threads).
 // `lse` may be null. Throws Error naming the argument, the value found and what was expected.
 Problem make_problem(const TensorView& out, const TensorView* lse, const TensorView& q,
-                     const TensorView& k, const TensorView& v, const Options& options);
+                     const TensorView& k, const TensorView& v, const Options& options, bool int8_kv = false);
 
 // Whether two views' byte ranges overlap (each from its first to its last element; empty views never
 // do). Throws Error, as make_problem, for a view whose offsets overflow.
 bool views_overlap(const TensorView& a, const char* a_name, const TensorView& b, const char* b_name);
+
+// Throws Error unless every element of the output view t (named `name`) has its own address.
+void check_distinct_elements(const TensorView& t, const char* name);
 
 // The number of OpenMP threads to use for `requested` (0 = all cores).
 int resolve_threads(int requested);

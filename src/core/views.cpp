@@ -8,7 +8,7 @@
 
 namespace flashgqa {
 
-std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+std::size_t dtype_size(DType dtype) { return dtype == DType::f32 ? 4 : dtype == DType::i8 ? 1 : 2; }
 
 std::int64_t TensorView::numel() const {
   std::int64_t n = 1;  // saturates at INT64_MAX instead of overflowing

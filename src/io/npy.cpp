@@ -23,7 +23,7 @@ constexpr std::size_t kAlign = 64;  // numpy pads the preamble + header to a mul
 constexpr std::size_t kMaxV1HeaderLen = 65535;
 constexpr std::size_t kMaxShownHeader = 200;
 constexpr const char* kSupportedDtypes =
-    "'<f4' (float32), '<f2' (float16) or '<V2' (bfloat16 as ml_dtypes writes it)";
+    "'<f4' (float32), '<f2' (float16), '<V2' (bfloat16 as ml_dtypes writes it) or '|i1' (int8)";
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw Error("npy file '" + path + "': " + what);
@@ -59,6 +59,7 @@ const char* descr_of(DType dtype) {
     case DType::f32: return "<f4";
     case DType::f16: return "<f2";
     case DType::bf16: return "<V2";
+    case DType::i8: return "|i1";
   }
   return "?";
 }
@@ -67,6 +68,7 @@ std::optional<DType> dtype_of_descr(const std::string& descr) {
   if (descr == "<f4") return DType::f32;
   if (descr == "<f2") return DType::f16;
   if (descr == "<V2" || descr == "|V2" || descr == "bfloat16") return DType::bf16;
+  if (descr == "|i1") return DType::i8;
   return std::nullopt;
 }
 

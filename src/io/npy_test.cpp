@@ -245,7 +245,7 @@ TEST_F(NpyTest, RejectsUnsupportedDtypes) {
                               "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (3,), }",
                               std::string(24, '\0'));
     expect_read_error(p, "unsupported dtype '" + descr + "'");
-    expect_read_error(p, "'<f4' (float32), '<f2' (float16) or '<V2' (bfloat16");
+    expect_read_error(p, "'<f4' (float32), '<f2' (float16), '<V2' (bfloat16 as ml_dtypes writes it) or '|i1' (int8)");
   }
 }
 

@@ -40,6 +40,8 @@ inline __m512 load16_f32(const void* row, DType dtype, std::int64_t h0, std::int
       const __m256i b = _mm256_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
       return _mm512_cvtph_ps(b);
     }
+    case DType::i8:  // unscaled values (the decode kernels apply the scales: load32_i8_bf16)
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, static_cast<const std::int8_t*>(row) + h0)));
   }
   return _mm512_setzero_ps();
 }

@@ -33,7 +33,13 @@ __m256 load8_f32(const void* row, DType dtype, std::int64_t h0, std::int64_t H) 
       case DType::f16:
         return _mm256_cvtph_ps(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0)));
+      case DType::i8: break;  // below
     }
+  }
+  if (dtype == DType::i8) {  // unscaled values (no packer is given int8 rows: the KV-cache API dequantizes)
+    alignas(32) float buf[8] = {};
+    for (std::int64_t i = 0; i < n && i < 8; ++i) buf[i] = static_cast<const std::int8_t*>(row)[h0 + i];
+    return _mm256_load_ps(buf);
   }
   // Tail: copy the valid elements into a zeroed buffer first.
   alignas(32) std::uint32_t buf32[8] = {};

@@ -89,6 +89,10 @@
 //   decode_pv_rows: O[r][h] = O[r][h] * corr[r] + sum_{j<nkeys} P[r][j] V[j][h] for h < Hp (corr null:
 //                   no rescale; nkeys even, <= round_up(n, 2); keys j >= n are not read and count
 //                   as zero rows; each O element accumulates its keys in increasing j).
+// int8 rows (the KV-cache API's quantized cache): with k_dtype / v_dtype int8, key j's operand is
+// the fp32 product row[h] * scale[j * ld_scale], rounded to bf16 (vcvtne2ps2bf16 or BFCVT, nearest
+// even; a subnormal product may flush to zero, within the subnormal allowance above): the value a
+// float32 row holding that product would give. scale is null for the float dtypes.
 // ---------------------------------------------------------------------------------------------------
 #pragma once
 
@@ -170,6 +174,8 @@ struct DecodeQk {
   std::int64_t H, Hp;
   float scale;
   int rows;  // 1..kDecodeMaxRows
+  const float* k_scale = nullptr;  // int8 K: key j's scale at k_scale[j * ld_scale]; else null
+  std::int64_t ld_scale = 0;
 };
 
 struct DecodePv {
@@ -185,6 +191,8 @@ struct DecodePv {
   std::int64_t H, Hp;
   const float* corr;  // [rows] rescale factors, or null
   int rows;           // 1..kDecodeMaxRows
+  const float* v_scale = nullptr;  // int8 V: key j's scale at v_scale[j * ld_scale]; else null
+  std::int64_t ld_scale = 0;
 };
 
 struct FlashKernels {

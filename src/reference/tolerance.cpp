@@ -13,6 +13,7 @@ double unit_roundoff(DType dtype) {
     case DType::f32: return kU32;
     case DType::bf16: return 0x1p-8;
     case DType::f16: return 0x1p-11;
+    case DType::i8: return 0.5;  // never an output; an integer's rounding relative to a unit scale
   }
   return 1.0;
 }
