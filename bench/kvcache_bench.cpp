@@ -4,6 +4,8 @@
 //   kvcache/<dense|page16|page256>/T=1/8seqs_1k-32k: 8 sequences with lengths spread evenly over
 //     1024..32768 keys, one new token each. GB/s = K/V bytes the call must read (sum of the lengths x
 //     K x H x 2 bytes x 2) / time; pct_dram = that / the DRAM read bandwidth measured right before.
+//   kvcache_int8/...: the same cache quantized by quantize_kv (bytes: 1 per element and a 4-byte scale
+//     per row); the target is tokens/s >= 1.7 x the bf16 row's.
 //   kvcache/dense/T=<n>/S=32768: one sequence of 32768 keys, T new tokens (row groups of 2 positions).
 //     x_roofline = time / max(t_math, t_comms): t_math = 4 K G T S H FLOP at the vdpbf16ps peak,
 //     t_comms = the K/V bytes at the DRAM bandwidth (the target is <= 1.5).
@@ -41,13 +43,16 @@ std::vector<std::uint16_t> random_bf16(std::int64_t n, std::uint64_t seed) {
 
 struct Inputs {
   std::int64_t B, T, page_size;  // page_size 0: dense
+  bool int8;                     // the cache quantized by quantize_kv (bf16 otherwise)
   std::vector<std::int32_t> seqlens, table;
   std::int64_t max_pages = 0;
   std::vector<std::uint16_t> q, out, k, v;
-  TensorView qv, ov, kv, vv;
+  std::vector<std::int8_t> k8, v8;
+  std::vector<float> k_scale, v_scale;
+  TensorView qv, ov, kv, vv, ksv, vsv;
 
-  Inputs(std::vector<std::int32_t> lens, std::int64_t T_, std::int64_t page)
-      : B(static_cast<std::int64_t>(lens.size())), T(T_), page_size(page), seqlens(std::move(lens)) {
+  Inputs(std::vector<std::int32_t> lens, std::int64_t T_, std::int64_t page, bool int8_ = false)
+      : B(static_cast<std::int64_t>(lens.size())), T(T_), page_size(page), int8(int8_), seqlens(std::move(lens)) {
     const std::int64_t longest = *std::max_element(seqlens.begin(), seqlens.end());
     q = random_bf16(B * K * G * T * H, 1);
     out.resize(q.size());
@@ -74,6 +79,19 @@ struct Inputs {
     v = random_bf16(dim0 * K * rows * H, 3);
     kv = contiguous_view(k.data(), DType::bf16, {dim0, K, rows, H});
     vv = contiguous_view(v.data(), DType::bf16, {dim0, K, rows, H});
+    if (int8) {
+      for (auto [x, x8, scale, view, sview] : {std::tuple{&kv, &k8, &k_scale, &kv, &ksv},
+                                               std::tuple{&vv, &v8, &v_scale, &vv, &vsv}}) {
+        x8->resize(static_cast<std::size_t>(dim0 * K * rows * H));
+        scale->resize(static_cast<std::size_t>(dim0 * K * rows));
+        const TensorView q8 = contiguous_view(x8->data(), DType::i8, {dim0, K, rows, H});
+        *sview = contiguous_view(scale->data(), DType::f32, {dim0, K, rows});
+        quantize_kv(*x, q8, *sview);
+        *view = q8;
+      }
+      std::vector<std::uint16_t>().swap(k);  // only the int8 cache stays
+      std::vector<std::uint16_t>().swap(v);
+    }
   }
   KvCache cache() const {
     KvCache c;
@@ -81,10 +99,16 @@ struct Inputs {
     c.v = vv;
     c.seqlens = seqlens.data();
     if (page_size > 0) c.block_table = table.data(), c.max_pages = max_pages;
+    if (int8) c.k_scale = &ksv, c.v_scale = &vsv;
     return c;
   }
+  // The K/V bytes a call must read: 2 bytes per element (bf16), or 1 and a 4-byte scale per row (int8).
   double kv_bytes() const {
-    return 4.0 * K * H * static_cast<double>(std::accumulate(seqlens.begin(), seqlens.end(), std::int64_t{0}));
+    const double per_key = int8 ? 2.0 * K * (H + 4) : 4.0 * K * H;
+    return per_key * static_cast<double>(std::accumulate(seqlens.begin(), seqlens.end(), std::int64_t{0}));
+  }
+  double keys() const {
+    return static_cast<double>(std::accumulate(seqlens.begin(), seqlens.end(), std::int64_t{0}));
   }
 };
 
@@ -94,8 +118,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // via_attention: the dense single-sequence shape through attention() instead (the baseline).
 void kvcache_bench(benchmark::State& state, std::vector<std::int32_t> lens, std::int64_t T, std::int64_t page,
-                   bool via_attention) {
-  Inputs in(std::move(lens), T, page);
+                   bool via_attention, bool int8) {
+  Inputs in(std::move(lens), T, page, int8);
   Options o;
   o.causal = true;
   o.threads = kThreads;
@@ -117,15 +141,16 @@ void kvcache_bench(benchmark::State& state, std::vector<std::int32_t> lens, std:
   state.counters["GB/s"] = bytes / per_call / 1e9;
   state.counters["dram_GB/s"] = dram / 1e9;
   state.counters["pct_dram"] = 100.0 * bytes / per_call / dram;
-  const double keys = bytes / (4.0 * K * H);
+  const double keys = in.keys();
   const double t_math = 4.0 * K * G * static_cast<double>(T) * keys * H / peak, t_comms = bytes / dram;
   state.counters["x_roofline"] = per_call / std::max(t_math, t_comms);
   state.counters["tokens/s"] = static_cast<double>(in.B * T) / per_call;
   state.SetLabel(isa_name(active_isa()));
 }
 
-void add(const std::string& name, std::vector<std::int32_t> lens, std::int64_t T, std::int64_t page, bool via) {
-  benchmark::RegisterBenchmark(name.c_str(), kvcache_bench, std::move(lens), T, page, via)
+void add(const std::string& name, std::vector<std::int32_t> lens, std::int64_t T, std::int64_t page, bool via,
+         bool int8 = false) {
+  benchmark::RegisterBenchmark(name.c_str(), kvcache_bench, std::move(lens), T, page, via, int8)
       ->Iterations(T > 2 && via ? 2 : 10)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
@@ -138,7 +163,8 @@ int main(int argc, char** argv) {
   std::vector<std::int32_t> spread;  // 8 lengths from 1024 to 32768
   for (int i = 0; i < 8; ++i) spread.push_back(1024 + i * (32768 - 1024) / 7);
   for (const auto& [name, page] : {std::pair{"dense", 0}, std::pair{"page16", 16}, std::pair{"page256", 256}})
-    add(std::string("kvcache/") + name + "/T=1/8seqs_1k-32k", spread, 1, page, false);
+    for (const bool int8 : {false, true})
+      add(std::string(int8 ? "kvcache_int8/" : "kvcache/") + name + "/T=1/8seqs_1k-32k", spread, 1, page, false, int8);
   for (std::int64_t T : {1, 2, 4, 8, 16}) {
     add("kvcache/dense/T=" + std::to_string(T) + "/S=32768", {32768}, T, 0, false);
     add("attention/T=" + std::to_string(T) + "/S=32768", {32768}, T, 0, true);

@@ -8,6 +8,9 @@
 // G <= kDecodeMaxRows, reading dense rows in place and paged rows page by page (flash_decode.hpp:
 // KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on the dense view, a
 // paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
+// An int8 cache (k_scale, v_scale): the decode kernels scale its rows as they read them; the other
+// paths get a dense float32 copy of the same products (dequantize_sequence). Appending k_new/v_new
+// to it quantizes them as quantize_kv does (core/quantize_row.hpp).
 // The decode kernels' sequences run together, in one parallel region (a region per sequence costs a
 // start-up and a barrier each, which on a busy machine can cost more than the work); the others run one
 // after another. Each sequence is planned as alone, so nothing depends on the thread count.
@@ -21,6 +24,8 @@
 #include "core/error_text.hpp"
 #include "core/int_math.hpp"
 #include "core/problem.hpp"
+#include "core/quantize_row.hpp"
+#include "core/names.hpp"
 #include "flash/flash_decode.hpp"
 #include "flash/flash_packed.hpp"
 #include "flashgqa/flashgqa.hpp"
@@ -41,6 +46,7 @@ TensorView batch_entry(const TensorView& t, std::int64_t b) {
 
 struct CacheShape {
   bool paged = false;
+  bool int8 = false;  // k and v int8, with k_scale, v_scale
   std::int64_t B = 0, K = 0, T = 0, H = 0;
   std::int64_t rows = 0;      // S_max (dense) or page_size (paged): dimension 2 of the cache
   std::int64_t capacity = 0;  // keys a sequence can hold: S_max, or max_pages * page_size
@@ -68,6 +74,51 @@ void check_kv_view(const TensorView& t, const char* name, const CacheShape& cs, 
     if (t.shape[static_cast<std::size_t>(d)] < 0) fail(std::string(name) + ": negative dimension in " + shape_string(t));
 }
 
+// The scales of an int8 cache (k_scale, v_scale: float32, the cache's shape without H), or none.
+void check_scales(const KvCache& c, CacheShape& cs) {
+  cs.int8 = c.k.dtype == DType::i8 || c.v.dtype == DType::i8;
+  if (!cs.int8) {
+    if (c.k_scale != nullptr || c.v_scale != nullptr)
+      fail(std::string(c.k_scale != nullptr ? "k_scale" : "v_scale") + ": given for a " + dtype_name(c.k.dtype) +
+           " cache, expected null (scales go with an int8 k_cache and v_cache)");
+    return;
+  }
+  if (c.k.dtype != c.v.dtype)
+    fail(std::string(c.k.dtype == DType::i8 ? "v_cache" : "k_cache") + ": dtype " +
+         dtype_name(c.k.dtype == DType::i8 ? c.v.dtype : c.k.dtype) +
+         " beside an int8 cache, expected int8 (k and v are quantized together)");
+  for (const auto& [t, name, like] : {std::tuple{c.k_scale, "k_scale", &c.k}, std::tuple{c.v_scale, "v_scale", &c.v}}) {
+    const std::string expected =
+        std::string(cs.paged ? "[num_pages,K,page_size]" : "[B,K,S_max]") + " = " +
+        "[" + std::to_string(like->shape[0]) + "," + std::to_string(like->shape[1]) + "," +
+        std::to_string(like->shape[2]) + "]";
+    if (t == nullptr) fail(std::string(name) + ": null, expected float32 scales " + expected + " for the int8 cache");
+    if (t->dtype != DType::f32)
+      fail(std::string(name) + ": dtype " + dtype_name(t->dtype) + ", expected float32");
+    if (t->rank != 3 || !std::equal(like->shape.begin(), like->shape.begin() + 3, t->shape.begin()))
+      fail(std::string(name) + ": shape " + shape_string(*t) + ", expected " + expected);
+    if (t->data == nullptr && t->numel() > 0) fail(std::string(name) + ": null data pointer");
+    views_overlap(*t, name, *t, name);  // throws for strides that overflow
+  }
+}
+
+// The first non-finite value of k_new/v_new, which an int8 cache cannot quantize: an Error before
+// anything is written.
+void check_new_keys_finite(const KvCache& c, const CacheShape& cs) {
+  for (const auto& [t, name] : {std::pair{c.k_new, "k_new"}, std::pair{c.v_new, "v_new"}})
+    for (std::int64_t b = 0; b < cs.B; ++b)
+      for (std::int64_t kh = 0; kh < cs.K; ++kh)
+        for (std::int64_t i = 0; i < cs.T; ++i) {
+          const char* row = static_cast<const char*>(t->data) +
+                            (b * t->stride[0] + kh * t->stride[1] + i * t->stride[2]) * esize(*t);
+          const std::int64_t h = first_non_finite(row, t->dtype, cs.H);
+          if (h >= 0)
+            fail(std::string(name) + ": [" + std::to_string(b) + "," + std::to_string(kh) + "," + std::to_string(i) +
+                 "," + std::to_string(h) + "] is not finite, expected finite values for an int8 cache (a NaN or "
+                 "infinity has no int8 scale)");
+        }
+}
+
 // Everything but the per-sequence problems (make_problem checks those): throws before any write.
 CacheShape check_cache(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
                        const Options& o) {
@@ -86,6 +137,7 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
   if (!std::equal(c.k.shape.begin(), c.k.shape.begin() + 4, c.v.shape.begin()))
     fail("v_cache: shape " + shape_string(c.v) + ", expected the shape of k_cache " + shape_string(c.k));
   cs.rows = c.k.shape[2];
+  check_scales(c, cs);
   if (cs.paged) {
     if (cs.rows < kPageAlign || cs.rows % kPageAlign != 0)
       fail("k_cache: page_size " + std::to_string(cs.rows) + " (dimension 2 of " + shape_string(c.k) +
@@ -106,8 +158,10 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
       if (t->rank != 4 || t->shape[0] != cs.B || t->shape[1] != cs.K || t->shape[2] != cs.T || t->shape[3] != cs.H)
         fail(std::string(name) + ": shape " + shape_string(*t) + ", expected [B,K,T,H] = [" + std::to_string(cs.B) +
              "," + std::to_string(cs.K) + "," + std::to_string(cs.T) + "," + std::to_string(cs.H) + "] (from q)");
-      if (t->dtype != like->dtype)
-        fail(std::string(name) + ": dtype " + dtype_name(t->dtype) + ", expected the cache's " + dtype_name(like->dtype));
+      if (cs.int8 ? !is_float_dtype(t->dtype) : t->dtype != like->dtype)
+        fail(std::string(name) + ": dtype " + dtype_name(t->dtype) + ", expected " +
+             (cs.int8 ? join_names(kFloatDTypeNames) + " (quantized into the int8 cache)"
+                      : "the cache's " + std::string(dtype_name(like->dtype))));
       if (cs.H > 1 && t->stride[3] != 1)
         fail(std::string(name) + ": innermost stride " + std::to_string(t->stride[3]) + ", expected 1");
       if (t->data == nullptr && t->numel() > 0) fail(std::string(name) + ": null data pointer");
@@ -137,32 +191,69 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
   k0.shape[2] = v0.shape[2] = 0;
   Options checked = o;
   checked.algorithm = Algorithm::flash;
-  make_problem(out, lse, q, k0, v0, checked);
+  make_problem(out, lse, q, k0, v0, checked, cs.int8);
   std::vector<std::pair<const TensorView*, const char*>> written = {{&out, "out"}};
   if (lse != nullptr) written.push_back({lse, "lse"});
   std::vector<std::pair<const TensorView*, const char*>> read = {{&c.k, "k_cache"}, {&c.v, "v_cache"}};
+  if (cs.int8) read.insert(read.end(), {{c.k_scale, "k_scale"}, {c.v_scale, "v_scale"}});
   if (c.k_new != nullptr) read.insert(read.end(), {{c.k_new, "k_new"}, {c.v_new, "v_new"}});
   for (const auto& [w, wn] : written)
     for (const auto& [r, rn] : read)
       if (views_overlap(*w, wn, *r, rn)) fail(std::string(wn) + ": memory overlaps " + rn + ", expected a separate buffer");
-  if (c.k_new != nullptr)  // the append writes the cache: nothing it reads may live there
+  if (c.k_new != nullptr) {  // the append writes the cache (and scales): nothing it reads may live there
+    std::vector<std::pair<const TensorView*, const char*>> appended = {{&c.k, "k_cache"}, {&c.v, "v_cache"}};
+    if (cs.int8) appended.insert(appended.end(), {{c.k_scale, "k_scale"}, {c.v_scale, "v_scale"}});
     for (const auto& [r, rn] : {std::pair{&q, "q"}, {c.k_new, "k_new"}, {c.v_new, "v_new"}})
-      for (const auto& [w, wn] : {std::pair{&c.k, "k_cache"}, {&c.v, "v_cache"}})
+      for (const auto& [w, wn] : appended)
         if (views_overlap(*r, rn, *w, wn))
           fail(std::string(rn) + ": memory overlaps " + wn + ", which k_new/v_new are written into; expected a separate buffer");
+    if (cs.int8) check_new_keys_finite(c, cs);
+  }
   return cs;
 }
 
-// k_new, v_new into keys seqlens[b] .. + T of each sequence.
+// The scale of key s of kv head kh of sequence b in the scale view t (k_scale or v_scale).
+float* scale_at(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b, std::int64_t kh,
+                std::int64_t s) {
+  std::int64_t at = b * t.stride[0] + kh * t.stride[1] + s * t.stride[2];
+  if (cs.paged)
+    at = c.block_table[b * c.max_pages + s / cs.rows] * t.stride[0] + kh * t.stride[1] + (s % cs.rows) * t.stride[2];
+  return static_cast<float*>(t.data) + at;
+}
+
+// k_new, v_new into keys seqlens[b] .. + T of each sequence (quantized, with their scales, into an
+// int8 cache).
 void append_new_keys(const KvCache& c, const CacheShape& cs) {
-  for (const auto& [src, dst] : {std::pair{c.k_new, &c.k}, std::pair{c.v_new, &c.v}})
+  for (const auto& [src, dst, scale] :
+       {std::tuple{c.k_new, &c.k, c.k_scale}, std::tuple{c.v_new, &c.v, c.v_scale}})
     for (std::int64_t b = 0; b < cs.B; ++b)
       for (std::int64_t kh = 0; kh < cs.K; ++kh)
-        for (std::int64_t t = 0; t < cs.T; ++t)
-          std::memcpy(cache_row(*dst, c, cs, b, kh, c.seqlens[b] + t),
-                      static_cast<const char*>(src->data) +
-                          (b * src->stride[0] + kh * src->stride[1] + t * src->stride[2]) * esize(*src),
-                      static_cast<std::size_t>(cs.H * esize(*src)));
+        for (std::int64_t t = 0; t < cs.T; ++t) {
+          const std::int64_t s = c.seqlens[b] + t;
+          const char* row = static_cast<const char*>(src->data) +
+                            (b * src->stride[0] + kh * src->stride[1] + t * src->stride[2]) * esize(*src);
+          if (cs.int8)
+            *scale_at(*scale, c, cs, b, kh, s) =
+                quantize_row(reinterpret_cast<std::int8_t*>(cache_row(*dst, c, cs, b, kh, s)), row, src->dtype, cs.H);
+          else
+            std::memcpy(cache_row(*dst, c, cs, b, kh, s), row, static_cast<std::size_t>(cs.H * esize(*src)));
+        }
+}
+
+// Sequence b's L keys of the int8 cache view t as dense [1, K, L, H] float32 values, each the fp32
+// product of the int8 value and its key's scale (what the decode kernels round to bf16).
+std::vector<std::byte> dequantize_sequence(const TensorView& t, const TensorView& scale, const KvCache& c,
+                                           const CacheShape& cs, std::int64_t b, std::int64_t L) {
+  std::vector<std::byte> bytes(static_cast<std::size_t>(cs.K * L * cs.H) * sizeof(float));
+  auto* dense = reinterpret_cast<float*>(bytes.data());  // operator new's alignment suits float
+  for (std::int64_t kh = 0; kh < cs.K; ++kh)
+    for (std::int64_t s = 0; s < L; ++s) {
+      const auto* row = reinterpret_cast<const std::int8_t*>(cache_row(t, c, cs, b, kh, s));
+      const float x = *scale_at(scale, c, cs, b, kh, s);
+      float* d = dense + (kh * L + s) * cs.H;
+      for (std::int64_t h = 0; h < cs.H; ++h) d[h] = static_cast<float>(row[h]) * x;
+    }
+  return bytes;
 }
 
 // Sequence b's L keys of cache view t as a dense [1, K, L, H] copy.
@@ -183,8 +274,19 @@ struct DecodeBatch {
   std::vector<bool> paged;
 };
 
-// Sequence b: appended to `decode` when the decode kernels take it, else run here (fast flash's own
-// path on the dense rows, or on a gathered copy of a paged sequence).
+// Problem p reads the int8 cache's scales: key s of kv head kh at scale[entry * stride[0] + kh *
+// stride[1] + s * stride[2]], entry = batch entry b (dense; p's own batch is that one entry) or the page.
+void set_scales(Problem& p, const KvCache& c, const CacheShape& cs, std::int64_t b) {
+  for (const auto& [t, base, stride] : {std::tuple{c.k_scale, &p.k_scale, p.k_scale_stride},
+                                        std::tuple{c.v_scale, &p.v_scale, p.v_scale_stride}}) {
+    *base = static_cast<const float*>(t->data) + (cs.paged ? 0 : b * t->stride[0]);
+    for (int d = 0; d < 3; ++d) stride[d] = t->stride[static_cast<std::size_t>(d)];
+  }
+}
+
+// Sequence b: appended to `decode` when the decode kernels take it, else run here by fast flash's own
+// path on the dense rows in place, or on a dense copy: a paged sequence gathered, an int8 one
+// dequantized to float32 (the values the decode kernels compute).
 void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
                           const CacheShape& cs, const Options& options, std::int64_t b, DecodeBatch& decode) {
   const std::int64_t L = cs.length(c, b);
@@ -202,28 +304,37 @@ void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const Te
     if (!cs.paged) k = batch_entry(c.k, b), v = batch_entry(c.v, b);
     k.shape[0] = v.shape[0] = 1;
     k.shape[2] = v.shape[2] = L;
-    Problem p = make_problem(out_b, lse_p, q_b, k, v, o);
-    if (!flash_decode_row_groups_apply(p, kern)) return flash_attention(p, isa);
-    decode.problems.push_back(std::move(p));
-    decode.pages.push_back({});
-    decode.paged.push_back(false);
-    return;
+    Problem p = make_problem(out_b, lse_p, q_b, k, v, o, cs.int8);
+    if (flash_decode_row_groups_apply(p, kern)) {
+      if (cs.int8) set_scales(p, c, cs, b);
+      decode.problems.push_back(std::move(p));
+      decode.pages.push_back({});
+      decode.paged.push_back(false);
+      return;
+    }
+    if (!cs.int8) return flash_attention(p, isa);
+  } else {
+    const std::int32_t* table = c.block_table + b * c.max_pages;
+    const TensorView k_page = batch_entry(c.k, table[0]), v_page = batch_entry(c.v, table[0]);
+    Problem p = make_problem(out_b, lse_p, q_b, k_page, v_page, o, cs.int8);  // validated on its first page
+    if (flash_decode_row_groups_apply(p, kern)) {
+      p.S = L;
+      p.k = c.k.data;
+      p.v = c.v.data;
+      if (cs.int8) set_scales(p, c, cs, b);
+      decode.problems.push_back(std::move(p));
+      decode.pages.push_back({table, cs.rows, c.k.stride[0], c.v.stride[0]});
+      decode.paged.push_back(true);
+      return;
+    }
   }
-  const std::int32_t* table = c.block_table + b * c.max_pages;
-  const TensorView k_page = batch_entry(c.k, table[0]), v_page = batch_entry(c.v, table[0]);
-  Problem p = make_problem(out_b, lse_p, q_b, k_page, v_page, o);  // validated on its first page
-  if (flash_decode_row_groups_apply(p, kern)) {
-    p.S = L;
-    p.k = c.k.data;
-    p.v = c.v.data;
-    decode.problems.push_back(std::move(p));
-    decode.pages.push_back({table, cs.rows, c.k.stride[0], c.v.stride[0]});
-    decode.paged.push_back(true);
-    return;
-  }
-  std::vector<std::byte> k_dense = gather_sequence(c.k, c, cs, b, L), v_dense = gather_sequence(c.v, c, cs, b, L);
-  const TensorView k = contiguous_view(k_dense.data(), c.k.dtype, {1, cs.K, L, cs.H});
-  const TensorView v = contiguous_view(v_dense.data(), c.v.dtype, {1, cs.K, L, cs.H});
+  const std::vector<std::byte> k_dense = cs.int8 ? dequantize_sequence(c.k, *c.k_scale, c, cs, b, L)
+                                                 : gather_sequence(c.k, c, cs, b, L);
+  const std::vector<std::byte> v_dense = cs.int8 ? dequantize_sequence(c.v, *c.v_scale, c, cs, b, L)
+                                                 : gather_sequence(c.v, c, cs, b, L);
+  const DType dtype = cs.int8 ? DType::f32 : c.k.dtype;
+  const TensorView k = contiguous_view(k_dense.data(), dtype, {1, cs.K, L, cs.H});
+  const TensorView v = contiguous_view(v_dense.data(), dtype, {1, cs.K, L, cs.H});
   flash_attention(make_problem(out_b, lse_p, q_b, k, v, o), isa);
 }
 

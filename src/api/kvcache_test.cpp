@@ -18,6 +18,7 @@
 #include "core/dtype.hpp"
 #include "core/int_math.hpp"
 #include "core/problem.hpp"
+#include "core/quantize_row.hpp"
 #include "flashgqa/flashgqa.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
@@ -49,15 +50,33 @@ std::string to_string(const CacheSpec& s) {
 }
 
 // A cache laid out as the spec says; the same seed gives the same logical keys, values and queries in
-// every layout. Rows no sequence holds are NaN (a read of one would show).
+// every layout. Rows no sequence holds are NaN (a read of one would show; in an int8 cache their
+// scales are NaN). An int8 cache holds quantize_row of the logical rows, and the logical rows become
+// the values it stands for (the fp32 products), so the reference sees exactly what the cache holds;
+// q and k_new/v_new are then bfloat16 (k_new/v_new quantized by the call).
 struct CacheCase {
   CacheSpec spec;
   std::int64_t B = 0, S_max = 0, S_log = 0, max_pages = 0, num_pages = 0;
   std::vector<float> logical_k, logical_v;  // [B][K][S_log][H]: keys 0..L_b + T of each sequence
   std::vector<std::byte> k_buf, v_buf, q_buf, out_buf, k_new_buf, v_new_buf;
-  std::vector<float> lse_buf;
+  std::vector<float> lse_buf, k_scale_buf, v_scale_buf;
   std::vector<std::int32_t> table;
-  TensorView k, v, q, out, lse, k_new, v_new;
+  TensorView k, v, q, out, lse, k_new, v_new, k_scale, v_scale;
+
+  bool int8() const { return spec.dtype == DType::i8; }
+  // The dtype of q and k_new/v_new.
+  DType float_dtype() const { return int8() ? DType::bf16 : spec.dtype; }
+
+  // An int8 cache's logical row: quantized (from its float_dtype() rounding when it is a new key, as
+  // the call sees it) and replaced by the products it stands for; the int8 row and scale returned.
+  float quantize_logical(float* x, std::int8_t* q8, bool as_new) const {
+    std::vector<float> r(x, x + spec.H);
+    if (as_new)
+      for (float& f : r) f = round_to_bf16(f);
+    const float scale = quantize_row(q8, r.data(), DType::f32, spec.H);
+    for (std::int64_t h = 0; h < spec.H; ++h) x[h] = static_cast<float>(q8[h]) * scale;
+    return scale;
+  }
 
   CacheCase(const CacheSpec& s, std::uint64_t seed) : spec(s) {
     B = static_cast<std::int64_t>(s.seqlens.size());
@@ -86,31 +105,51 @@ struct CacheCase {
       buf->assign(static_cast<std::size_t>(dim0 * K * rows * H * es), std::byte{0});
       *view = contiguous_view(buf->data(), s.dtype, {dim0, K, rows, H});
       std::vector<float> nan_row(static_cast<std::size_t>(H), kNaN);
-      for (std::int64_t i = 0; i < dim0 * K * rows; ++i) store_row(buf->data() + i * H * es, s.dtype, nan_row.data(), H);
+      if (!int8())
+        for (std::int64_t i = 0; i < dim0 * K * rows; ++i) store_row(buf->data() + i * H * es, s.dtype, nan_row.data(), H);
     }
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t kh = 0; kh < K; ++kh)
-        for (std::int64_t j = 0; j < s.seqlens[static_cast<std::size_t>(b)]; ++j) {
-          store_row(row(k, b, kh, j), s.dtype, &logical_k[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H);
-          store_row(row(v, b, kh, j), s.dtype, &logical_v[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H);
-        }
-    if (s.with_new)
+    if (int8())
+      for (auto [buf, view] : {std::pair{&k_scale_buf, &k_scale}, std::pair{&v_scale_buf, &v_scale}}) {
+        buf->assign(static_cast<std::size_t>(dim0 * K * rows), kNaN);
+        *view = contiguous_view(buf->data(), DType::f32, {dim0, K, rows});
+      }
+    const DType fd = float_dtype();
+    const std::int64_t fes = static_cast<std::int64_t>(dtype_size(fd));
+    if (s.with_new)  // from the logical rows before an int8 cache replaces them
       for (auto [buf, view, logical] :
            {std::tuple{&k_new_buf, &k_new, &logical_k}, std::tuple{&v_new_buf, &v_new, &logical_v}}) {
-        buf->resize(static_cast<std::size_t>(B * K * T * H * es));
-        *view = contiguous_view(buf->data(), s.dtype, {B, K, T, H});
+        buf->resize(static_cast<std::size_t>(B * K * T * H * fes));
+        *view = contiguous_view(buf->data(), fd, {B, K, T, H});
         for (std::int64_t b = 0; b < B; ++b)
           for (std::int64_t kh = 0; kh < K; ++kh)
             for (std::int64_t t = 0; t < T; ++t)
-              store_row(buf->data() + ((b * K + kh) * T + t) * H * es, s.dtype,
+              store_row(buf->data() + ((b * K + kh) * T + t) * H * fes, fd,
                         &(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + s.seqlens[static_cast<std::size_t>(b)] + t) * H)], H);
       }
-    q_buf.resize(static_cast<std::size_t>(B * K * s.G * T * H * es));
-    q = contiguous_view(q_buf.data(), s.dtype, {B, K, s.G, T, H});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t kh = 0; kh < K; ++kh)
+        for (std::int64_t j = 0; j < s.seqlens[static_cast<std::size_t>(b)] + (s.with_new ? T : 0); ++j)
+          for (auto [view, logical, scale] :
+               {std::tuple{&k, &logical_k, &k_scale}, std::tuple{&v, &logical_v, &v_scale}}) {
+            float* x = &(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)];
+            const bool as_new = j >= s.seqlens[static_cast<std::size_t>(b)];
+            if (int8()) {
+              std::vector<std::int8_t> q8(static_cast<std::size_t>(H));
+              const float sc = quantize_logical(x, q8.data(), as_new);
+              if (!as_new) {
+                std::memcpy(row(*view, b, kh, j), q8.data(), static_cast<std::size_t>(H));
+                *scale_at(*scale, b, kh, j) = sc;
+              }
+            } else if (!as_new) {
+              store_row(row(*view, b, kh, j), s.dtype, x, H);
+            }
+          }
+    q_buf.resize(static_cast<std::size_t>(B * K * s.G * T * H * fes));
+    q = contiguous_view(q_buf.data(), fd, {B, K, s.G, T, H});
     std::vector<float> qrow(static_cast<std::size_t>(H));
     for (std::int64_t i = 0; i < B * K * s.G * T; ++i) {
       for (float& f : qrow) f = normal(rng);
-      store_row(q_buf.data() + i * H * es, s.dtype, qrow.data(), H);
+      store_row(q_buf.data() + i * H * fes, fd, qrow.data(), H);
     }
     out_buf.resize(static_cast<std::size_t>(B * K * s.G * T * H * 4));
     out = contiguous_view(out_buf.data(), DType::f32, {B, K, s.G, T, H});
@@ -128,6 +167,14 @@ struct CacheCase {
            (j % spec.page_size) * t.stride[2];
     return static_cast<std::byte*>(t.data) + at * es;
   }
+  // The scale of key j of kv head kh of sequence b in scale view t.
+  float* scale_at(const TensorView& t, std::int64_t b, std::int64_t kh, std::int64_t j) const {
+    std::int64_t at = b * t.stride[0] + kh * t.stride[1] + j * t.stride[2];
+    if (spec.page_size)
+      at = table[static_cast<std::size_t>(b * max_pages + j / spec.page_size)] * t.stride[0] + kh * t.stride[1] +
+           (j % spec.page_size) * t.stride[2];
+    return static_cast<float*>(t.data) + at;
+  }
 
   KvCache cache() {
     KvCache c;
@@ -142,6 +189,10 @@ struct CacheCase {
       c.k_new = &k_new;
       c.v_new = &v_new;
     }
+    if (int8()) {
+      c.k_scale = &k_scale;
+      c.v_scale = &v_scale;
+    }
     return c;
   }
 
@@ -154,9 +205,11 @@ struct CacheCase {
     return r;
   }
 
-  // Each sequence's output and lse against the reference on its dense [1, K, L_b, H] equivalent.
+  // Each sequence's output and lse against the reference on its dense [1, K, L_b, H] equivalent (for
+  // an int8 cache, float32 rows of the products it stands for).
   void expect_matches_reference(const Options& o, const std::string& what) {
-    const std::int64_t K = spec.K, H = spec.H, T = spec.T, es = static_cast<std::int64_t>(dtype_size(spec.dtype));
+    const DType dense_dtype = int8() ? DType::f32 : spec.dtype;
+    const std::int64_t K = spec.K, H = spec.H, T = spec.T, es = static_cast<std::int64_t>(dtype_size(dense_dtype));
     for (std::int64_t b = 0; b < B; ++b) {
       const std::int64_t L = spec.seqlens[static_cast<std::size_t>(b)] + (spec.with_new ? T : 0);
       std::vector<std::byte> kd(static_cast<std::size_t>(std::max<std::int64_t>(K * L * H * es, 1))), vd = kd;
@@ -165,7 +218,7 @@ struct CacheCase {
         for (std::int64_t j = 0; j < L; ++j)
           for (auto [dst, logical] : {std::pair{&kd, &logical_k}, std::pair{&vd, &logical_v}}) {
             std::copy_n(&(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H, rowf.begin());
-            store_row(dst->data() + (kh * L + j) * H * es, spec.dtype, rowf.data(), H);
+            store_row(dst->data() + (kh * L + j) * H * es, dense_dtype, rowf.data(), H);
           }
       auto entry = [b](TensorView t) {
         t.data = static_cast<char*>(t.data) + b * t.stride[0] * static_cast<std::int64_t>(dtype_size(t.dtype));
@@ -175,8 +228,8 @@ struct CacheCase {
       const TensorView out_b = entry(out), lse_b = entry(lse), q_b = entry(q);
       Options ob = o;
       ob.causal_offset = o.causal_offset.value_or(L - T);
-      const Problem p = make_problem(out_b, &lse_b, q_b, contiguous_view(kd.data(), spec.dtype, {1, K, L, H}),
-                                     contiguous_view(vd.data(), spec.dtype, {1, K, L, H}), ob);
+      const Problem p = make_problem(out_b, &lse_b, q_b, contiguous_view(kd.data(), dense_dtype, {1, K, L, H}),
+                                     contiguous_view(vd.data(), dense_dtype, {1, K, L, H}), ob);
       const ErrorReport r = check_against_reference(p, reference_attention(p));
       EXPECT_TRUE(r.ok) << what << " " << to_string(spec) << " sequence " << b << ": " << r.describe();
     }
@@ -202,13 +255,13 @@ const std::vector<std::int32_t> kRagged = {0, 1, 37, 300, 16, 1000};
 // T = 1..16 new tokens (and 24: past the decode path's row groups), G 1..8, dense and paged (16, 256),
 // every K/V dtype, with and without k_new.
 TEST_P(KvCacheTest, MatchesReference) {
-  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32, DType::i8};
   int i = 0;
   for (std::int64_t T : {1, 2, 3, 5, 8, 16, 24})
     for (std::int64_t page_size : {0, 16, 256}) {
       ++i;
       const std::int64_t G = (i % 3 == 0) ? 1 : (i % 3 == 1) ? 4 : 8;
-      const CacheSpec spec{2, G, T, i % 2 ? 128 : 64, kRagged, page_size, dtypes[i % 3], i % 2 == 0};
+      const CacheSpec spec{2, G, T, i % 2 ? 128 : 64, kRagged, page_size, dtypes[i % 4], i % 3 != 0};
       CacheCase c(spec, 100 + static_cast<std::uint64_t>(i));
       Options o;
       o.causal = true;
@@ -243,26 +296,71 @@ TEST_P(KvCacheTest, VariantsMatchReference) {
 }
 
 // The same keys dense and paged (pages 16 and 256) give the same bits, for 1, 2 and 3 threads; k_new
-// lands in the cache.
+// lands in the cache (quantized, with its scale, in an int8 cache).
 TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
-  for (std::int64_t T : {1, 4, 16}) {
-    std::vector<float> first;
+  for (const DType dtype : {DType::bf16, DType::i8})
+    for (std::int64_t T : {1, 4, 16}) {
+      std::vector<float> first;
+      for (std::int64_t page_size : {0, 16, 256})
+        for (int threads : {1, 2, 3}) {
+          const CacheSpec spec{3, 4, T, 128, {700, 1, 1300, 0}, page_size, dtype, true};
+          CacheCase c(spec, 7);
+          Options o;
+          o.causal = true;
+          o.threads = threads;
+          c.run(o);
+          if (first.empty()) first = c.out_and_lse();
+          EXPECT_TRUE(bitwise_equal(first, c.out_and_lse())) << to_string(spec) << " threads " << threads;
+          for (std::int64_t b = 0; b < c.B; ++b)  // the new keys are in the cache
+            for (std::int64_t t = 0; t < T; ++t) {
+              const std::int64_t j = spec.seqlens[static_cast<std::size_t>(b)] + t;
+              const std::byte* new_row = c.k_new_buf.data() + ((b * 3 + 2) * T + t) * 128 * 2;
+              if (dtype == DType::i8) {
+                std::int8_t q8[128];
+                const float scale = quantize_row(q8, new_row, DType::bf16, 128);
+                ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, j), q8, 128));
+                ASSERT_EQ(scale, *c.scale_at(c.k_scale, b, 2, j));
+              } else {
+                ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, j), new_row, 128 * 2));
+              }
+            }
+        }
+    }
+}
+
+// An int8 cache gives the bits of a float32 cache holding the products it stands for, on every path
+// (the decode kernels scale the rows as they read them; the others read a dequantized copy), dense
+// and paged, with row groups, windows and softcap.
+TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
+  int i = 0;
+  for (std::int64_t T : {1, 16})
     for (std::int64_t page_size : {0, 16, 256})
-      for (int threads : {1, 2, 3}) {
-        const CacheSpec spec{3, 4, T, 128, {700, 1, 1300, 0}, page_size, DType::bf16, true};
-        CacheCase c(spec, 7);
+      for (std::int64_t H : {128, 40}) {
+        ++i;
+        const CacheSpec spec{2, (i / 2) % 2 ? 4 : 1, T, H, {0, 1, 333, 64, 1100}, page_size, DType::i8, false};
+        CacheCase c8(spec, 40 + static_cast<std::uint64_t>(i));
+        CacheSpec fspec = spec;
+        fspec.dtype = DType::f32;
+        CacheCase c32(fspec, 40 + static_cast<std::uint64_t>(i));
+        c32.logical_k = c8.logical_k, c32.logical_v = c8.logical_v;  // the products, into the f32 cache
+        for (std::int64_t b = 0; b < c8.B; ++b)
+          for (std::int64_t kh = 0; kh < spec.K; ++kh)
+            for (std::int64_t j = 0; j < spec.seqlens[static_cast<std::size_t>(b)]; ++j)
+              for (auto [view, logical] : {std::pair{&c32.k, &c32.logical_k}, std::pair{&c32.v, &c32.logical_v}})
+                store_row(c32.row(*view, b, kh, j), DType::f32,
+                          &(*logical)[static_cast<std::size_t>(((b * spec.K + kh) * c32.S_log + j) * H)], H);
+        for (std::int64_t n = 0; n < c8.B * spec.K * spec.G * T * H; ++n)  // the same queries (bf16)
+          store_row(c32.q_buf.data() + n * 4, DType::f32,
+                    std::vector<float>{load_element(c8.q_buf.data(), DType::bf16, n)}.data(), 1);
         Options o;
         o.causal = true;
-        o.threads = threads;
-        c.run(o);
-        if (first.empty()) first = c.out_and_lse();
-        EXPECT_TRUE(bitwise_equal(first, c.out_and_lse())) << to_string(spec) << " threads " << threads;
-        for (std::int64_t b = 0; b < c.B; ++b)  // the new keys are in the cache
-          for (std::int64_t t = 0; t < T; ++t)
-            ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, spec.seqlens[static_cast<std::size_t>(b)] + t),
-                                     c.k_new_buf.data() + ((b * 3 + 2) * T + t) * 128 * 2, 128 * 2));
+        if (i % 3 == 0) o.window_left = 100;
+        if (i % 4 == 0) o.softcap = 5.0;
+        c8.run(o);
+        c32.run(o);
+        EXPECT_TRUE(bitwise_equal(c32.out_and_lse(), c8.out_and_lse())) << to_string(spec);
+        c8.expect_matches_reference(o, "int8");
       }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, KvCacheTest, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);
@@ -307,6 +405,53 @@ TEST(KvCache, RejectsBadInput) {
   KvCache cache = dense.cache();
   cache.k.shape[2] = cache.v.shape[2] = 21;
   EXPECT_THROW(attention_with_kvcache(dense.out, dense.q, cache), Error);
+}
+
+// An int8 cache: scales missing, misshapen or beside a float cache, dtypes mixed, non-finite new
+// keys; an Error naming the problem, and the cache and its scales untouched.
+TEST(KvCache, RejectsBadInt8Input) {
+  const CacheSpec spec{1, 2, 2, 64, {20, 10}, 16, DType::i8, true};
+  auto expect_error = [&](auto change, const std::string& fragment) {
+    CacheCase c(spec, 3);
+    const std::vector<std::byte> before = c.k_buf;
+    const std::vector<float> scales_before = c.k_scale_buf;
+    KvCache cache = c.cache();
+    change(c, cache);
+    try {
+      attention_with_kvcache(c.out, c.q, cache);
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(before == c.k_buf) << fragment << ": the cache was written";
+    EXPECT_TRUE(std::equal(scales_before.begin(), scales_before.end(), c.k_scale_buf.begin(),
+                           [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }))
+        << fragment << ": the scales were written";
+  };
+  expect_error([](CacheCase&, KvCache& k) { k.k_scale = nullptr; }, "k_scale: null, expected float32 scales");
+  expect_error([](CacheCase& c, KvCache& k) { c.v_scale.shape[2] = 8, k.v_scale = &c.v_scale; }, "v_scale: shape");
+  expect_error([](CacheCase& c, KvCache& k) { c.k_scale.dtype = DType::bf16, k.k_scale = &c.k_scale; },
+               "k_scale: dtype bfloat16, expected float32");
+  expect_error([](CacheCase&, KvCache& k) { k.v.dtype = DType::f16; }, "expected int8 (k and v are quantized together)");
+  expect_error([](CacheCase& c, KvCache& k) { c.k_new.dtype = DType::i8, k.k_new = &c.k_new; }, "k_new: dtype int8");
+  expect_error([](CacheCase& c, KvCache&) { store_row(c.v_new_buf.data() + 2 * (64 + 5), DType::bf16,
+                                                      std::vector<float>{kNaN}.data(), 1); },
+               "v_new: [0,0,1,5] is not finite");
+  expect_error([](CacheCase& c, KvCache& k) { c.k_scale = c.q, c.k_scale.rank = 3, c.k_scale.dtype = DType::f32,
+                                               c.k_scale.shape = c.k.shape, c.k_scale.stride = {128, 64, 1};
+                                               k.k_scale = &c.k_scale; },
+               "memory overlaps k_scale");
+  // Scales with a float cache.
+  CacheCase f(CacheSpec{1, 2, 2, 64, {20, 10}, 16, DType::bf16, true}, 3);
+  KvCache cache = f.cache();
+  TensorView scale = contiguous_view(f.lse_buf.data(), DType::f32, {1, 1, 1});
+  cache.k_scale = &scale;
+  try {
+    attention_with_kvcache(f.out, f.q, cache);
+    ADD_FAILURE() << "no error for scales with a bfloat16 cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_scale: given for a bfloat16 cache"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -26,6 +26,9 @@
 // block is moved down to one, the extra keys masked), so every piece starts at a multiple of 16
 // columns of S and P; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key
 // order, so the pieces give the bits of one call over the same rows laid out densely.
+//
+// int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
+// keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them.
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
@@ -94,17 +97,33 @@ constexpr std::int64_t kGatherPagesBelow = 64;
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
 
-// f(j0, row, n, ld) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page each (one
-// piece, the whole block, without pages): j0 the piece's first key relative to s0, row its first row,
-// ld the elements between its rows. Pages of fewer than kGatherPagesBelow keys are first copied, as
-// they are, into `gather` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys,
-// and per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same
-// rows in the same order, so the same bits.
+// Where a piece's keys' scales are (int8 K/V): the first key's, and the floats between keys.
+struct PieceScales {
+  const float* scale = nullptr;  // null: not int8
+  std::int64_t ld = 0;
+};
+
+// The scale of key s of kv head kh of batch entry (or page) b, for K or V.
+PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s) {
+  const float* base = is_k ? p.k_scale : p.v_scale;
+  if (base == nullptr) return {};
+  const std::int64_t* st = is_k ? p.k_scale_stride : p.v_scale_stride;
+  return {base + b * st[0] + kh * st[1] + s * st[2], st[2]};
+}
+
+// f(j0, row, n, ld, scales) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page
+// each (one piece, the whole block, without pages): j0 the piece's first key relative to s0, row its
+// first row, ld the elements between its rows, scales its keys' (int8). Pages of fewer than
+// kGatherPagesBelow keys are first copied, as they are, into `gather` and their scales into
+// `gather_scales` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys, and
+// per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same rows
+// in the same order, so the same bits.
 template <typename F>
 void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
-                    std::int64_t s0, std::int64_t n, char* gather, F f) {
+                    std::int64_t s0, std::int64_t n, char* gather, float* gather_scales, F f) {
   if (pages == nullptr) {
-    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n, is_k ? p.k_stride[2] : p.v_stride[2]);
+    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n, is_k ? p.k_stride[2] : p.v_stride[2],
+      key_scales(p, is_k, b, kh, s0));
     return;
   }
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
@@ -115,9 +134,13 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
                 : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
   };
+  auto scales_at = [&](std::int64_t s) {
+    return key_scales(p, is_k, pages->table[s / pages->page_size], kh, s % pages->page_size);
+  };
   for (std::int64_t j0 = 0; j0 < n;) {
     const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
     const char* row = row_at(s);
+    const PieceScales scales = scales_at(s);
     // Small pages lie anywhere: the hardware prefetchers lose the stream at each one, so fetch the
     // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied.
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
@@ -127,30 +150,37 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
         for (std::int64_t c = 0; c < row_bytes; c += 64)
           __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c);
     }
-    if (gathered)
+    if (gathered) {
       for (std::int64_t j = 0; j < len; ++j)
         std::memcpy(gather + (j0 + j) * row_bytes, row + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)),
                     static_cast<std::size_t>(row_bytes));
-    else
-      f(j0, row, len, row_stride);
+      if (scales.scale != nullptr)
+        for (std::int64_t j = 0; j < len; ++j) gather_scales[j0 + j] = scales.scale[j * scales.ld];
+    } else {
+      f(j0, row, len, row_stride, scales);
+    }
     j0 += len;
   }
-  if (gathered) f(0, gather, n, p.H);
+  if (gathered) f(0, gather, n, p.H, PieceScales{(is_k ? p.k_scale : p.v_scale) != nullptr ? gather_scales : nullptr, 1});
 }
 
 // Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales;
   std::int64_t ld = 0;  // of S and P, in elements
   explicit Workspace(const std::vector<Plan>& plans) {
-    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0;
+    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0, gather_keys = 0;
     for (const Plan& plan : plans) {
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
       ld = std::max(ld, padded_keys(plan.work.bkv));
       if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow)  // a block of f32 rows at most
-        gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4);
+        gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
+        gather_keys = std::max(gather_keys, plan.work.bkv);
     }
-    if (gather_bytes > 0) gather.reset(static_cast<std::size_t>(gather_bytes));
+    if (gather_bytes > 0) {
+      gather.reset(static_cast<std::size_t>(gather_bytes));
+      gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
+    }
     q.reset(static_cast<std::size_t>(M * Hp * 2));
     o.reset(static_cast<std::size_t>(M * Hp * 4));
     for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
@@ -174,10 +204,10 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
-  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
-                 [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk) {
+  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
+                 [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
                    kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
-                                        static_cast<int>(R)});
+                                        static_cast<int>(R), ks.scale, ks.ld});
                  });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
@@ -187,11 +217,11 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                                         w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
-  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(),
-                 [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv) {
+  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
+                 [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
                    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
                                         round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
-                                        static_cast<int>(R)});
+                                        static_cast<int>(R), vs.scale, vs.ld});
                  });
 }
 

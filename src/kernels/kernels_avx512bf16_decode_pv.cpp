@@ -1,11 +1,13 @@
 // The avx512bf16 decode PV kernel (contract in microkernels.hpp; design in avx512bf16_decode_common.hpp).
 //   decode_pv_rows: two V rows are interleaved into bf16 pairs along keys (vpermt2w) and each row's
 //     broadcast P word (the same two keys) is accumulated with vdpbf16ps into the row's accumulators,
-//     loaded from and stored back to O (L1) once per group of keys. The fast path (bf16 rows, H = 64, 128, 256, groups of
-//     8 KiB of V) reads whole rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32)) or
+//     loaded from and stored back to O (L1) once per group of keys. The fast path (bf16 or int8 rows, H = 64, 128,
+//     256, groups of 8 KiB of bf16 V, int8 rows scaled as they are loaded) reads whole rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32)) or
 //     two at H <= 128 when half the rows' do, else goes 64 columns per pass (32 when R > 4); the
 //     generic path goes 64 or 32 columns per pass over groups of 32 keys. Both accumulate each O
 //     element's keys in increasing order: the same bits.
+#include <type_traits>
+
 #include "kernels/avx512bf16_decode_common.hpp"
 
 namespace flashgqa {
@@ -76,7 +78,8 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
     const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
     std::int64_t h0 = 0;
     const auto load = [&](std::int64_t j, int c) {
-      return j < t.n ? load_row32<kPlain>(v0 + j * ld_bytes, t.v_dtype, h0 + 32 * c, t.H) : _mm512_setzero_si512();
+      const float* vs = t.v_scale != nullptr ? t.v_scale + j * t.ld_scale : nullptr;
+      return j < t.n ? load_row32<kPlain>(v0 + j * ld_bytes, t.v_dtype, h0 + 32 * c, t.H, vs) : _mm512_setzero_si512();
     };
     for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<R, kWide>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
     for (; h0 < t.Hp; h0 += 32) pv_pass<R, 1>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
@@ -85,14 +88,13 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 
 // Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
 // the group's V rows whole, in address order (the second from L1).
-template <int R, int RP, int HC>
+template <int R, int RP, int HC, typename Rows>
 inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
                                                         std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
-                                                        const char* v0, std::int64_t ld_bytes) {
+                                                        const Rows& v0) {
   constexpr int kRows = R < RP ? R : RP;
-  pv_pass<kRows, HC>(o, ldo, p, ldp_words, j0, j1,
-                     [&](std::int64_t j, int c) { return _mm512_loadu_si512(v0 + j * ld_bytes + 64 * c); });
-  if constexpr (R > RP) pv_row_passes<R - RP, RP, HC>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0, ld_bytes);
+  pv_pass<kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) { return v0.chunk(j, c); });
+  if constexpr (R > RP) pv_row_passes<R - RP, RP, HC>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0);
 }
 
 // The fast path for bf16 rows with H = Hp = 32 HC: groups of kPvFastGroupBytes of V whose keys are all
@@ -101,41 +103,47 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
 // one or two passes over whole V rows, each read in address order (two passes only at H <= 128, where
 // they pay: docs/performance.md, decode J); otherwise the columns go in passes of 64 (32 when R > 4) over the group,
 // the later passes from L1. Same sums in the same order as the generic path, so the same bits.
-template <int R, int HC>
-void pv_rows_fast(const DecodePv& t) {
+template <int R, int HC, typename Rows>
+void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   constexpr int kRowsPerPass = 8 / HC;
   constexpr bool kWholeRows = R <= kRowsPerPass || (R <= 2 * kRowsPerPass && HC <= 4);
   constexpr int kWide = R <= 4 ? 2 : 1;  // 32-column chunks per column pass
   constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC);
   static_assert(HC % kWide == 0 && kGroup % 2 == 0);
-  const char* v0 = static_cast<const char*>(t.v);
   const auto* p = static_cast<const word_t*>(t.p);
   float* const o = t.o;
-  const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2, ld_bytes = t.ldv * 2;
+  const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
     if constexpr (kWholeRows) {
-      pv_row_passes<R, kRowsPerPass, HC>(o, ldo, p, ldp_words, j0, j0 + kGroup, v0, ld_bytes);
+      pv_row_passes<R, kRowsPerPass, HC>(o, ldo, p, ldp_words, j0, j0 + kGroup, v0);
     } else {
 #pragma GCC unroll 8
       for (int c0 = 0; c0 < HC; c0 += kWide)
-        pv_pass<R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup, [&](std::int64_t j, int c) {
-          return _mm512_loadu_si512(v0 + j * ld_bytes + 64 * (c0 + c));
-        });
+        pv_pass<R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup,
+                          [&](std::int64_t j, int c) { return v0.chunk(j, c0 + c); });
     }
   }
-  pv_rows<R, true>(t, full);
+  if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<R, true>(t, full);
+  else pv_rows<R, false>(t, full);
+}
+
+template <int R, int HC>
+void pv_rows_fast_any(const DecodePv& t) {
+  const char* v0 = static_cast<const char*>(t.v);
+  if (t.v_dtype == DType::i8) return pv_rows_fast<R, HC>(t, Int8Rows{v0, t.ldv, t.v_scale, t.ld_scale});
+  pv_rows_fast<R, HC>(t, Bf16Rows{v0, t.ldv * 2});
 }
 
 template <int R>
 void pv_rows_any(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
-  if (t.v_dtype != DType::bf16 || t.H != t.Hp) return pv_rows<R, false>(t, 0);
+  if ((t.v_dtype != DType::bf16 && t.v_dtype != DType::i8) || t.H != t.Hp) return pv_rows<R, false>(t, 0);
   switch (t.Hp) {
-    case 64: return pv_rows_fast<R, 2>(t);
-    case 128: return pv_rows_fast<R, 4>(t);
-    case 256: return pv_rows_fast<R, 8>(t);
-    default: return pv_rows<R, true>(t, 0);
+    case 64: return pv_rows_fast_any<R, 2>(t);
+    case 128: return pv_rows_fast_any<R, 4>(t);
+    case 256: return pv_rows_fast_any<R, 8>(t);
+    default: return t.v_dtype == DType::bf16 ? pv_rows<R, true>(t, 0) : pv_rows<R, false>(t, 0);
   }
 }
 }  // namespace

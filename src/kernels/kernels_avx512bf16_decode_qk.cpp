@@ -3,9 +3,12 @@
 //     16 / RB keys, 16 accumulators (one per (row, key)) take `vdpbf16ps(q[r] chunk, k[j] chunk)` over
 //     the Hp/32 chunks of 32 h, then a 16x16 transpose-add turns them into 16 logits (RB rows x 16 / RB
 //     keys). Each logit's lanes are summed in the same fixed order whatever its slot. The fast path
-//     (bf16 rows, H = 64, 128, 256, whole groups of 16 keys) reads each K row whole (key-major, Q
-//     chunks from L1) with every size a constant; the generic path (other dtypes and H, the last
-//     partial group) converts and masks chunk by chunk. Both give the same bits.
+//     (bf16 or int8 rows, H = 64, 128, 256, whole groups of 16 keys) reads each K row whole
+//     (key-major, Q chunks from L1) with every size a constant, int8 chunks scaled and rounded as
+//     they are loaded; the generic path (other dtypes and H, the last partial group) converts and
+//     masks chunk by chunk. Both give the same bits.
+#include <type_traits>
+
 #include "kernels/avx512bf16_decode_common.hpp"
 
 namespace flashgqa {
@@ -71,7 +74,9 @@ inline void qk_block(const DecodeQk& t, const char* kr, std::int64_t ld_bytes, i
       for (int r = 0; r < RB; ++r) qc[r] = (__m512bh)_mm512_load_si512(q + r * t.ldq + h0);
 #pragma GCC unroll 16
       for (int j = 0; j < KG; ++j) {
-        const __m512i kc = kFull || j < nj ? load_row32<kPlain>(kr + j * ld_bytes, t.k_dtype, h0, t.H) : _mm512_setzero_si512();
+        const float* ks = t.k_scale != nullptr ? t.k_scale + (j0 + j) * t.ld_scale : nullptr;
+        const __m512i kc =
+            kFull || j < nj ? load_row32<kPlain>(kr + j * ld_bytes, t.k_dtype, h0, t.H, ks) : _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int r = 0; r < RB; ++r) acc[r * KG + j] = _mm512_dpbf16_ps(acc[r * KG + j], qc[r], (__m512bh)kc);
       }
@@ -120,9 +125,8 @@ void qk_rows(const DecodeQk& t, std::int64_t j_begin) {
 // whole, in address order (key-major: the hardware prefetchers follow a sequential stream, which they
 // did not when the rows were read chunk by chunk across keys; docs/performance.md); the Q chunks come
 // from L1. Same sums in the same order as qk_block, so the same bits.
-template <int RB, int HC>
-inline __attribute__((always_inline)) __m512 qk_sums_fast(const std::uint16_t* q, std::int64_t ldq, const char* kr,
-                                                         std::int64_t ld_bytes) {
+template <int RB, int HC, typename Rows>
+inline __attribute__((always_inline)) __m512 qk_sums_fast(const std::uint16_t* q, std::int64_t ldq, const Rows& kr) {
   constexpr int KG = kQkGroup / RB;
   __m512 acc[kQkGroup];
 #pragma GCC unroll 16
@@ -131,7 +135,7 @@ inline __attribute__((always_inline)) __m512 qk_sums_fast(const std::uint16_t* q
   for (int j = 0; j < KG; ++j)
 #pragma GCC unroll 8
     for (int c = 0; c < HC; ++c) {
-      const __m512bh kc = (__m512bh)_mm512_loadu_si512(kr + j * ld_bytes + 64 * c);
+      const __m512bh kc = (__m512bh)kr.chunk(j, c);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r)
         acc[r * KG + j] = _mm512_dpbf16_ps(acc[r * KG + j], (__m512bh)_mm512_load_si512(q + r * ldq + 32 * c), kc);
@@ -139,42 +143,52 @@ inline __attribute__((always_inline)) __m512 qk_sums_fast(const std::uint16_t* q
   return transpose_add16(acc);
 }
 
-template <int RB, int HC>
-inline __attribute__((always_inline)) void qk_rows_block_fast(const std::uint16_t* q, std::int64_t ldq, const char* kr,
-                                                             std::int64_t ld_bytes, float* s, std::int64_t lds,
-                                                             __m512 scale) {
+template <int RB, int HC, typename Rows>
+inline __attribute__((always_inline)) void qk_rows_block_fast(const std::uint16_t* q, std::int64_t ldq, const Rows& kr,
+                                                             float* s, std::int64_t lds, __m512 scale) {
   constexpr int KG = kQkGroup / RB;
 #pragma GCC unroll 16
   for (int jj = 0; jj < kQkGroup; jj += KG)
-    store_logits<RB>(s + jj, lds, _mm512_mul_ps(qk_sums_fast<RB, HC>(q, ldq, kr + jj * ld_bytes, ld_bytes), scale));
+    store_logits<RB>(s + jj, lds, _mm512_mul_ps(qk_sums_fast<RB, HC>(q, ldq, kr.at(jj)), scale));
 }
 
-template <int R, int HC>
-void qk_rows_fast(const DecodeQk& t) {
+// Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums).
+template <int R, int HC, typename Rows>
+void qk_rows_fast(const DecodeQk& t, const Rows& k0) {
   const auto* q = static_cast<const std::uint16_t*>(t.q);
-  const char* k0 = static_cast<const char*>(t.k);
   float* const s = t.s;
-  const std::int64_t ldq = t.ldq, lds = t.lds, ld_bytes = t.ldk * 2;
+  const std::int64_t ldq = t.ldq, lds = t.lds;
   const std::int64_t full = t.n / kQkGroup * kQkGroup;
   const __m512 scale = _mm512_set1_ps(t.scale);
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
-    const char* kr = k0 + j0 * ld_bytes;
+    const Rows kr = k0.at(j0);
     int r0 = 0;  // row blocks of 8, 4, 2, 1
-    if constexpr (R >= 8) { qk_rows_block_fast<8, HC>(q, ldq, kr, ld_bytes, s + j0, lds, scale); r0 += 8; }
-    if constexpr (R % 8 >= 4) { qk_rows_block_fast<4, HC>(q + r0 * ldq, ldq, kr, ld_bytes, s + r0 * lds + j0, lds, scale); r0 += 4; }
-    if constexpr (R % 4 >= 2) { qk_rows_block_fast<2, HC>(q + r0 * ldq, ldq, kr, ld_bytes, s + r0 * lds + j0, lds, scale); r0 += 2; }
-    if constexpr (R % 2 == 1) qk_rows_block_fast<1, HC>(q + r0 * ldq, ldq, kr, ld_bytes, s + r0 * lds + j0, lds, scale);
+    if constexpr (R >= 8) { qk_rows_block_fast<8, HC>(q, ldq, kr, s + j0, lds, scale); r0 += 8; }
+    if constexpr (R % 8 >= 4) { qk_rows_block_fast<4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 4; }
+    if constexpr (R % 4 >= 2) { qk_rows_block_fast<2, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 2; }
+    if constexpr (R % 2 == 1) qk_rows_block_fast<1, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale);
   }
-  if (full < t.n) qk_rows<R, true>(t, full);
+  if (full < t.n) {
+    if constexpr (std::is_same_v<Rows, Bf16Rows>) qk_rows<R, true>(t, full);
+    else qk_rows<R, false>(t, full);
+  }
 }
+
+template <int R, int HC>
+void qk_rows_fast_any(const DecodeQk& t) {
+  const char* k0 = static_cast<const char*>(t.k);
+  if (t.k_dtype == DType::i8) return qk_rows_fast<R, HC>(t, Int8Rows{k0, t.ldk, t.k_scale, t.ld_scale});
+  qk_rows_fast<R, HC>(t, Bf16Rows{k0, t.ldk * 2});
+}
+
 template <int R>
 void qk_rows_any(const DecodeQk& t) {
-  if (t.k_dtype != DType::bf16 || t.H != t.Hp) return qk_rows<R, false>(t, 0);
+  if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<R, false>(t, 0);
   switch (t.Hp) {
-    case 64: return qk_rows_fast<R, 2>(t);
-    case 128: return qk_rows_fast<R, 4>(t);
-    case 256: return qk_rows_fast<R, 8>(t);
-    default: return qk_rows<R, true>(t, 0);
+    case 64: return qk_rows_fast_any<R, 2>(t);
+    case 128: return qk_rows_fast_any<R, 4>(t);
+    case 256: return qk_rows_fast_any<R, 8>(t);
+    default: return t.k_dtype == DType::bf16 ? qk_rows<R, true>(t, 0) : qk_rows<R, false>(t, 0);
   }
 }
 }  // namespace
