@@ -32,7 +32,8 @@ import numpy as np
 
 from . import _flashgqa
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "linear_attention"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "linear_attention",
+           "quantize_kv"]
 
 _FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
@@ -346,15 +347,20 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
       q: ``[B, K, G, T, H]`` or ``[B, Hq, T, H]`` (``Hq = K * G``): the T newest positions of each
         sequence.
       k_cache, v_cache: dense ``[B, K, S_max, H]``, or paged ``[num_pages, K, page_size, H]`` with
-        ``block_table`` (page_size a multiple of 16). float32, float16 or bfloat16; read in place,
-        and written in place (numpy, torch) when ``k_new``/``v_new`` are given.
+        ``block_table`` (page_size a multiple of 16). float32, float16, bfloat16, or int8 with
+        ``k_scale``/``v_scale`` (from :func:`quantize_kv`); read in place, and written in place
+        (numpy, torch) when ``k_new``/``v_new`` are given.
       cache_seqlens: ``[B]`` ints, the keys already in each sequence's cache.
       block_table: ``[B, max_pages]`` ints: sequence b's key s lives in page
         ``block_table[b, s // page_size]``, row ``s % page_size``. None: a dense cache.
-      k_new, v_new: ``[B, K, T, H]`` of the cache's dtype, written at keys ``cache_seqlens[b] ..
-        cache_seqlens[b] + T - 1`` of each sequence before attending (cache_seqlens is not
-        changed: add T yourself for the next step). Not for jax caches (immutable).
-      k_scale, v_scale: int8 caches are not implemented yet (NotImplementedError).
+      k_new, v_new: ``[B, K, T, H]`` of the cache's dtype (any float dtype for an int8 cache, which
+        quantizes them as :func:`quantize_kv` does and writes their scales), written at keys
+        ``cache_seqlens[b] .. cache_seqlens[b] + T - 1`` of each sequence before attending
+        (cache_seqlens is not changed: add T yourself for the next step). Not for jax caches
+        (immutable).
+      k_scale, v_scale: an int8 cache's float32 scales, the cache's shape without H (``[B, K,
+        S_max]`` or ``[num_pages, K, page_size]``): key s stands for ``k_cache[..., s, :] *
+        k_scale[..., s]`` (the product in float32, then rounded as a float32 cache's values).
       causal: bottom-right per sequence (default True): query t sees key j when
         ``j <= t + L_b - T``, L_b the sequence's keys in this call; ``causal_offset`` replaces
         ``L_b - T`` for every sequence.
@@ -364,12 +370,14 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
     Returns:
       ``out`` (q's shape, kind and dtype), or ``(out, lse)`` with ``return_lse``.
     """
-    if k_scale is not None or v_scale is not None:
-        raise NotImplementedError("k_scale, v_scale: int8 K/V caches are not implemented yet")
     appending = k_new is not None or v_new is not None
     qi = _import(q, "q")
-    ki = _import(k_cache, "k_cache", writable=appending)
-    vi = _import(v_cache, "v_cache", writable=appending)
+    ki = _import(k_cache, "k_cache", writable=appending, dtypes=_FLOAT_DTYPES + ("int8",))
+    vi = _import(v_cache, "v_cache", writable=appending, dtypes=_FLOAT_DTYPES + ("int8",))
+    ks = (_import(k_scale, "k_scale", writable=appending, dtypes=("float32",)).arg
+          if k_scale is not None else None)
+    vs = (_import(v_scale, "v_scale", writable=appending, dtypes=("float32",)).arg
+          if v_scale is not None else None)
     kn = _import(k_new, "k_new").arg if k_new is not None else None
     vn = _import(v_new, "v_new").arg if v_new is not None else None
     result, out_arg = _output(qi, out)
@@ -381,9 +389,32 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
         block_table=None if block_table is None else _int32_table(block_table, "block_table", 2),
         k_new=kn, v_new=vn, causal=bool(causal), causal_offset=causal_offset, window=window,
         scale=scale, precision=precision, block_kv=block_kv, threads=threads, softcap=softcap,
-        sinks=_import_sinks(sinks, qi, ki))
+        sinks=_import_sinks(sinks, qi, ki), k_scale=ks, v_scale=vs)
     result = result if out is not None else _finish(qi, result)
     return (result, _finish(qi, lse)) if return_lse else result
+
+
+def quantize_kv(x):
+    """Symmetric int8 quantization of a K or V cache for :func:`attention_with_kvcache`, one
+    float32 scale per row (the last axis, H): ``scale = max |x| / 127``, ``x_int8 = x / scale``
+    rounded to nearest even (a row of zeros: scale 0). So ``|x - x_int8 * scale| <=
+    scale * (1/2 + 127 * 2**-23) + 2**-149``.
+
+    Args:
+      x: any float array (numpy, torch, jax), rank 1 to 5, H contiguous: e.g. a cache
+        ``[B, K, S, H]`` or ``[num_pages, K, page_size, H]``, or new keys ``[B, K, T, H]``.
+
+    Returns:
+      ``(x_int8, scale)``: int8 of x's shape and float32 of x's shape without its last axis, of
+      x's kind. Raises ValueError for a NaN or infinite value (it has no scale).
+    """
+    xi = _import(x, "x")
+    if len(xi.shape) < 1:
+        raise ValueError("x: a 0-D array, expected rows along a last axis (rank 1 to 5)")
+    x8, x8_arg = _empty_like_kind(xi, xi.shape, "int8")
+    sc, sc_arg = _empty_like_kind(xi, xi.shape[:-1], "float32")
+    _flashgqa.quantize_kv(xi.arg, x8_arg, sc_arg)
+    return _finish(xi, x8), _finish(xi, sc)
 
 
 _KIND_NAMES = {"numpy": "a numpy array (or other buffer)", "torch": "a torch tensor",

@@ -85,6 +85,8 @@ flashgqa::DType to_dtype(nb::dlpack::dtype dt, const char* name) {
     if (dt.code == static_cast<uint8_t>(code::Bfloat) && dt.bits == 16)
       return flashgqa::DType::bf16;
     if (dt.code == static_cast<uint8_t>(code::UInt) && dt.bits == 16) return flashgqa::DType::bf16;
+    // int8: a quantized KV cache (the library refuses it anywhere else, naming the argument).
+    if (dt.code == static_cast<uint8_t>(code::Int) && dt.bits == 8) return flashgqa::DType::i8;
   }
   throw nb::type_error((std::string(name) + ": dtype " + dtype_string(dt) + ", expected " +
                         flashgqa::join_names(flashgqa::kFloatDTypeNames))
@@ -541,7 +543,7 @@ void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache
                             nb::handle cache_seqlens, nb::handle block_table, nb::handle k_new, nb::handle v_new,
                             bool causal, nb::handle causal_offset, nb::handle window, nb::handle scale,
                             nb::handle precision, nb::handle block_kv, nb::handle threads, nb::handle softcap,
-                            nb::handle sinks) {
+                            nb::handle sinks, nb::handle k_scale, nb::handle v_scale) {
   const bool append = !k_new.is_none() || !v_new.is_none();
   Operand<InArray> qo = import_operand<InArray>(q, "q");
   Operand<OutArray> kw, vw;
@@ -584,6 +586,24 @@ void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache
     cache.k_new = &kn.view;
     cache.v_new = &vn.view;
   }
+  // An int8 cache's scales, written with it when k_new/v_new are appended.
+  Operand<OutArray> ksw, vsw;
+  Operand<InArray> ksr, vsr;
+  if (!k_scale.is_none() || !v_scale.is_none()) {
+    if (k_scale.is_none() || v_scale.is_none())
+      throw nb::value_error("k_scale, v_scale: one given without the other, expected both (for an int8 cache) or neither");
+    if (append) {
+      ksw = import_operand<OutArray>(k_scale, "k_scale");
+      vsw = import_operand<OutArray>(v_scale, "v_scale");
+      cache.k_scale = &ksw.view;
+      cache.v_scale = &vsw.view;
+    } else {
+      ksr = import_operand<InArray>(k_scale, "k_scale");
+      vsr = import_operand<InArray>(v_scale, "v_scale");
+      cache.k_scale = &ksr.view;
+      cache.v_scale = &vsr.view;
+    }
+  }
   flashgqa::Options o = make_options(causal, causal_offset, window, scale, precision, nb::none(), nb::none(),
                                      block_kv, threads);
   o.softcap = float_option(softcap, "softcap").value_or(0.0);
@@ -595,6 +615,15 @@ void attention_with_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache
     else
       flashgqa::attention_with_kvcache(oo.view, qo.view, cache, opts);
   });
+}
+
+// flashgqa::quantize_kv: x (any float dtype) into x_int8 and scale, in place.
+void quantize_kv(nb::handle x, nb::handle x_int8, nb::handle scale) {
+  const InArray xa = import_array<InArray>(x, "x");
+  const OutArray qa = import_array<OutArray>(x_int8, "x_int8"), sa = import_array<OutArray>(scale, "scale");
+  const flashgqa::TensorView xv = plain_view(xa, "x"), qv = plain_view(qa, "x_int8"), sv = plain_view(sa, "scale");
+  nb::gil_scoped_release release;
+  flashgqa::quantize_kv(xv, qv, sv);
 }
 
 void linear_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle out, bool causal,
@@ -712,9 +741,13 @@ NB_MODULE(_flashgqa, m) {
         nb::arg("block_table").none(), nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("causal"),
         nb::arg("causal_offset").none(), nb::arg("window").none(), nb::arg("scale").none(),
         nb::arg("precision").none(), nb::arg("block_kv").none(), nb::arg("threads").none(),
-        nb::arg("softcap").none(), nb::arg("sinks").none(),
+        nb::arg("softcap").none(), nb::arg("sinks").none(), nb::arg("k_scale").none() = nb::none(),
+        nb::arg("v_scale").none() = nb::none(),
         "Writes out (and lse) in place from q and a KV cache (dense [B,K,S_max,H] or paged "
-        "[num_pages,K,page_size,H] with block_table), first appending k_new/v_new into the cache.");
+        "[num_pages,K,page_size,H] with block_table; int8 with k_scale/v_scale), first appending "
+        "k_new/v_new into the cache.");
+  m.def("quantize_kv", &quantize_kv, nb::arg("x"), nb::arg("x_int8"), nb::arg("scale"),
+        "Writes x's rows (last axis) quantized to int8 into x_int8 and their float32 scales into scale.");
   m.def("linear_attention", &linear_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::kw_only(), nb::arg("causal"), nb::arg("causal_offset").none(),
         nb::arg("window").none(), nb::arg("scale").none(), nb::arg("precision").none(), nb::arg("block_kv").none(),

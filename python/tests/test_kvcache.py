@@ -151,6 +151,6 @@ def test_errors(rng):
         flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2, 3], block_table=table)
     with pytest.raises(ValueError, match="k_new, v_new"):
         flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2], block_table=table, k_new=kn)
-    with pytest.raises(NotImplementedError):
-        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2], k_scale=np.ones(1))
+    with pytest.raises(ValueError, match="k_scale, v_scale: one given without the other"):
+        flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=[1, 2], k_scale=np.ones(1, np.float32))
     assert np.array_equal(before, kc, equal_nan=True)
