@@ -19,9 +19,9 @@
 namespace flashgqa::cli {
 namespace {
 
-const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},    {"algos"},
+const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},     {"algos"},
                                       {"threads"}, {"causal", false}, {"repeats"}, {"budget"},
-                                      {"softcap"}};
+                                      {"softcap"}, {"decode", false}, {"kv-dtypes"}, {"page-sizes"}};
 
 // The backward pass of flash (attention_backward), benchmarked beside the ladder's rungs.
 constexpr const char* kBackwardName = "flash-backward";
@@ -68,7 +68,8 @@ std::string help_text() {
     "  --softcap C          logit softcap C*tanh(s/C) (default 0 = off; FLOPs counted as without)\n"
     "  --repeats N          timed runs per point (default 3)\n"
     "  --budget SECONDS     skip a point whose warm-up and repeats would take longer (default 12)\n"
-    "  --help               this text\n";
+    "  --help               this text\n"
+    "\n" + std::string(bench_decode_help());
 }
 
 std::vector<std::string> split(const std::string& text) {
@@ -113,6 +114,9 @@ const char* bench_help() {
 
 int bench_command(const std::vector<std::string>& words) {
   const Args args("bench", words, kFlags);
+  if (args.has("decode")) return bench_decode(args);
+  for (const char* flag : {"kv-dtypes", "page-sizes"})
+    if (args.has(flag)) throw Error(std::string("--") + flag + ": only with --decode");
   study::Shape base = args.has("shape") ? parse_shape("--shape", args.required("shape"))
                                         : study::Shape{1, 2, 4, 0, 0, 128};
   std::vector<std::int64_t> seq;

@@ -241,6 +241,20 @@ if "${run[@]}" bench --out "$work/bench" --seq 32,48 --algos naive,flash-backwar
 else
   fail "bench: exit $? ($(cat "$err"))"
 fi
+# bench --decode: every K/V dtype, dense and paged, a CSV row each with its GB/s and % of the DRAM stream.
+if "${run[@]}" bench --decode --shape 2,2,2,1,300,64 --page-sizes 0,16 --repeats 1 --threads 1 --out "$work/bd" >"$out" 2>"$err"; then
+  grep -q "DRAM read [0-9.]* GB/s (measured" "$out" && pass || fail "bench --decode header: $(cat "$out")"
+  for kvd in bfloat16 float16 float32 int8; do
+    grep -Eq "^page16 +$kvd +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$out" && pass || fail "bench --decode: no page16 $kvd row: $(cat "$out")"
+  done
+  [[ $(line_count "$work/bd/bench_decode.csv") -eq 9 ]] && pass || fail "bench_decode.csv: expected a header and 8 rows"
+  grep -q "^dense,0,int8,2,2,2,1,64,300," "$work/bd/bench_decode.csv" && pass || fail "bench_decode.csv: no dense int8 row"
+else
+  fail "bench --decode: exit $? ($(cat "$err"))"
+fi
+expect_error "bench page size" "expected 0 (dense) or a multiple of 16" "${run[@]}" bench --decode --page-sizes 24
+expect_error "bench kv-dtypes without decode" "--kv-dtypes: only with --decode" "${run[@]}" bench --kv-dtypes int8
+expect_error "bench decode with seq" "--seq: not used with --decode" "${run[@]}" bench --decode --seq 64
 expect_ok "tune" "${run[@]}" tune --shape 1,1,2,40,40,64 --block-q 8,16 --block-kv 16,32 --repeats 1 --threads 1
 if grep -q "^best: block_q" "$out" && grep -q "stored in $FLASHGQA_TUNE_CACHE" "$out"; then pass; else fail "tune output: $(cat "$out")"; fi
 if head -1 "$FLASHGQA_TUNE_CACHE" | grep -q "flashgqa tune cache v1"; then pass; else fail "tune cache not written"; fi

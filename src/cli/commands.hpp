@@ -23,6 +23,10 @@ const char* roofline_help();
 
 // flashgqa bench: the seed's sweep over sequence lengths, with charts (bench_command.cpp).
 int bench_command(const std::vector<std::string>& args);
+// flashgqa bench --decode: the KV-cache API's GB/s against the DRAM bandwidth (bench_decode.cpp).
+class Args;
+int bench_decode(const Args& args);
+const char* bench_decode_help();
 const char* bench_help();
 
 // flashgqa tune: block_q x block_kv search, stored in the tune cache (tune_command.cpp).

@@ -1,0 +1,232 @@
+// flashgqa bench --decode: attention_with_kvcache on a serving workload, per K/V dtype and cache
+// layout, as GB/s of K/V read against this machine's DRAM read bandwidth measured in the same run.
+// A decode step reads every K/V byte of every sequence once and does ~G FLOP per byte, so its
+// roofline is the DRAM stream: the fraction of that bandwidth is its efficiency, and int8 K/V (one
+// byte per value and a 4-byte scale per row) should run at ~2x bf16's tokens/s for the same fraction.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <tuple>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/args.hpp"
+#include "cli/commands.hpp"
+#include "core/dtype.hpp"
+#include "core/names.hpp"
+#include "study/ceilings.hpp"
+#include "study/timing.hpp"
+#include "core/problem.hpp"
+
+namespace flashgqa::cli {
+namespace {
+
+// The workload: B sequences of lengths spread evenly over [S/32, S], T new tokens each.
+struct DecodeShape {
+  std::int64_t B, K, G, T, S, H;
+  std::vector<std::int32_t> lengths() const {
+    std::vector<std::int32_t> lens;
+    const std::int64_t lo = std::max<std::int64_t>(S / 32, 1);
+    for (std::int64_t b = 0; b < B; ++b)
+      lens.push_back(static_cast<std::int32_t>(B == 1 ? S : lo + b * (S - lo) / (B - 1)));
+    return lens;
+  }
+};
+
+// One cache (dense or paged) of one K/V dtype holding the workload's keys, and the call's buffers.
+class DecodeCase {
+ public:
+  DecodeCase(const DecodeShape& s, std::int64_t page_size, DType dtype) : s_(s), page_(page_size), dtype_(dtype) {
+    lens_ = s.lengths();
+    const std::int64_t longest = *std::max_element(lens_.begin(), lens_.end()) + s.T;
+    std::int64_t dim0 = s.B, rows = longest;
+    if (page_size > 0) {  // every sequence's pages, shuffled over the pool
+      max_pages_ = (longest + page_size - 1) / page_size;
+      std::vector<std::int32_t> pool(static_cast<std::size_t>(s.B * max_pages_));
+      std::iota(pool.begin(), pool.end(), 0);
+      std::shuffle(pool.begin(), pool.end(), std::mt19937_64(5));
+      table_ = pool;
+      dim0 = s.B * max_pages_;
+      rows = page_size;
+    }
+    const std::int64_t n = dim0 * s.K * rows * s.H;
+    for (auto [seed, values, scale, view, scale_view] : {std::tuple{2, &k_, &k_scale_, &k_view_, &ks_view_},
+                                                         std::tuple{3, &v_, &v_scale_, &v_view_, &vs_view_}}) {
+      std::vector<std::byte> x = random_values(n, dtype == DType::i8 ? DType::f32 : dtype, seed);
+      if (dtype != DType::i8) {
+        *values = std::move(x);
+        *view = contiguous_view(values->data(), dtype, {dim0, s.K, rows, s.H});
+        continue;
+      }
+      values->resize(static_cast<std::size_t>(n));
+      scale->resize(static_cast<std::size_t>(dim0 * s.K * rows));
+      *view = contiguous_view(values->data(), DType::i8, {dim0, s.K, rows, s.H});
+      *scale_view = contiguous_view(scale->data(), DType::f32, {dim0, s.K, rows});
+      quantize_kv(contiguous_view(x.data(), DType::f32, {dim0, s.K, rows, s.H}), *view, *scale_view);
+    }
+    q_ = random_values(s.B * s.K * s.G * s.T * s.H, DType::bf16, 1);
+    out_.resize(q_.size());
+  }
+
+  void run(int threads) {
+    KvCache c;
+    c.k = k_view_;
+    c.v = v_view_;
+    c.seqlens = lens_.data();
+    if (page_ > 0) c.block_table = table_.data(), c.max_pages = max_pages_;
+    if (dtype_ == DType::i8) c.k_scale = &ks_view_, c.v_scale = &vs_view_;
+    Options o;
+    o.causal = true;
+    o.threads = threads;
+    attention_with_kvcache(contiguous_view(out_.data(), DType::bf16, {s_.B, s_.K, s_.G, s_.T, s_.H}),
+                           contiguous_view(q_.data(), DType::bf16, {s_.B, s_.K, s_.G, s_.T, s_.H}), c, o);
+  }
+
+  // The K/V bytes a call reads: every sequence's keys, K and V, with int8's scales.
+  double kv_bytes() const {
+    const double keys = std::accumulate(lens_.begin(), lens_.end(), 0.0);
+    const double row = static_cast<double>(s_.H * static_cast<std::int64_t>(dtype_size(dtype_))) +
+                       (dtype_ == DType::i8 ? 4.0 : 0.0);
+    return 2.0 * keys * static_cast<double>(s_.K) * row;
+  }
+  static double bytes_needed(const DecodeShape& s, std::int64_t page, DType dtype) {
+    const std::int64_t longest = s.S + s.T, rows = page > 0 ? (longest + page - 1) / page * page : longest;
+    return 2.0 * static_cast<double>(s.B * s.K * rows * s.H) * (static_cast<double>(dtype_size(dtype)) + 2.0);
+  }
+
+ private:
+  // n values of a normal block tiled (the values do not change the time), as `dtype`.
+  static std::vector<std::byte> random_values(std::int64_t n, DType dtype, std::uint64_t seed) {
+    constexpr std::int64_t kBlock = 1 << 16;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal;
+    std::vector<float> block(kBlock);
+    for (float& x : block) x = normal(rng);
+    const auto es = static_cast<std::int64_t>(dtype_size(dtype));
+    std::vector<std::byte> values(static_cast<std::size_t>(n * es));
+    for (std::int64_t i = 0; i < n; i += kBlock)
+      store_row(values.data() + i * es, dtype, block.data(), std::min(kBlock, n - i));
+    return values;
+  }
+
+  DecodeShape s_;
+  std::int64_t page_, max_pages_ = 0;
+  DType dtype_;
+  std::vector<std::int32_t> lens_, table_;
+  std::vector<std::byte> k_, v_, q_, out_;
+  std::vector<float> k_scale_, v_scale_;
+  TensorView k_view_, v_view_, ks_view_, vs_view_;
+};
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string part;
+  for (char c : text + ",") {
+    if (c != ',') {
+      part += c;
+    } else if (!part.empty()) {
+      parts.push_back(part);
+      part.clear();
+    }
+  }
+  return parts;
+}
+
+}  // namespace
+
+const char* bench_decode_help() {
+  return "flashgqa bench --decode [--shape B,K,G,T,S,H] [--kv-dtypes D1,D2,...] [--page-sizes P1,P2,...]\n"
+         "               [--threads N] [--repeats N] [--out DIR]\n"
+         "  Times attention_with_kvcache (causal) on B sequences whose lengths are spread evenly over\n"
+         "  [S/32, S], T new tokens each, for each K/V dtype and cache layout, and reports the K/V bytes\n"
+         "  read per second against the DRAM read bandwidth measured at the start of the run (median of\n"
+         "  --repeats runs each). Prints a table; writes DIR/bench_decode.csv.\n"
+         "  --shape B,K,G,T,S,H  the workload (default 8,8,4,1,32768,128: lengths 1024..32768)\n"
+         "  --kv-dtypes D,...    K/V dtypes (default bfloat16,float16,float32,int8; int8 with a float32\n"
+         "                       scale per row, from quantize_kv)\n"
+         "  --page-sizes P,...   0 = a dense [B,K,S_max,H] cache, else pages of P keys (multiples of 16),\n"
+         "                       shuffled (default 0,16,256)\n";
+}
+
+int bench_decode(const Args& args) {
+  for (const char* flag : {"seq", "algos", "causal", "softcap", "budget"})
+    if (args.has(flag)) throw Error(std::string("--") + flag + ": not used with --decode (see flashgqa bench --help)");
+  const std::vector<std::int64_t> d =
+      parse_integer_list("--shape", args.optional("shape").value_or("8,8,4,1,32768,128"), 6, 1, std::int64_t{1} << 30);
+  const DecodeShape shape{d[0], d[1], d[2], d[3], d[4], d[5]};
+  std::vector<DType> dtypes;
+  for (const std::string& w : split_list(args.optional("kv-dtypes").value_or("bfloat16,float16,float32,int8")))
+    dtypes.push_back(parse_dtype(w, "--kv-dtypes"));
+  std::vector<std::int64_t> pages;
+  for (const std::string& w : split_list(args.optional("page-sizes").value_or("0,16,256"))) {
+    pages.push_back(parse_integer("--page-sizes", w, 0, std::int64_t{1} << 20));
+    if (pages.back() % 16 != 0)
+      throw Error("--page-sizes: " + w + ", expected 0 (dense) or a multiple of 16");
+  }
+  if (dtypes.empty() || pages.empty()) throw Error("--kv-dtypes/--page-sizes: empty list");
+  const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
+  const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
+  const std::string dir = args.optional("out").value_or(".");
+
+  std::fprintf(stderr, "bench --decode: measuring the DRAM read bandwidth...\n");
+  const study::Ceiling dram = study::measure_dram_read(threads, 5);
+  const std::vector<std::int32_t> lens = shape.lengths();
+  std::printf("flashgqa bench --decode: %d threads, DRAM read %.1f GB/s (measured: median of 5, %.1f-%.1f); "
+              "B,K,G,T,H = %lld,%lld,%lld,%lld,%lld, lengths %d..%d\n",
+              threads, dram.median / 1e9, dram.min / 1e9, dram.max / 1e9, static_cast<long long>(shape.B),
+              static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
+              static_cast<long long>(shape.H), lens.front(), lens.back());
+  std::printf("%-8s %-9s %10s %9s %8s %7s %9s\n", "cache", "kv_dtype", "median_ms", "kv_MB", "GB/s", "%dram",
+              "tokens/s");
+  std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"
+                    "percent_dram,tokens_per_s\n";
+  const double available = study::available_memory_bytes();
+  for (const std::int64_t page : pages)
+    for (const DType dtype : dtypes) {
+      const std::string cache = page == 0 ? "dense" : "page" + std::to_string(page);
+      if (available > 0 && DecodeCase::bytes_needed(shape, page, dtype) > 0.8 * available) {
+        std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", cache.c_str(),
+                    dtype_name(dtype));
+        continue;
+      }
+      std::fprintf(stderr, "bench --decode: %s %s ...\n", cache.c_str(), dtype_name(dtype));
+      DecodeCase c(shape, page, dtype);
+      c.run(threads);  // warm-up
+      std::vector<double> times;
+      for (int r = 0; r < repeats; ++r) times.push_back(seconds_of([&] { c.run(threads); }));
+      std::sort(times.begin(), times.end());
+      const double median = times[times.size() / 2], bytes = c.kv_bytes();
+      const double gbs = bytes / median / 1e9, pct = 100.0 * bytes / median / dram.median;
+      const double tokens = static_cast<double>(shape.B * shape.T) / median;
+      std::printf("%-8s %-9s %10.3f %9.1f %8.2f %7.1f %9.1f\n", cache.c_str(), dtype_name(dtype), median * 1e3,
+                  bytes / 1e6, gbs, pct, tokens);
+      char line[512];
+      std::snprintf(line, sizeof line, "%s,%lld,%s,%lld,%lld,%lld,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g,%.6g\n",
+                    cache.c_str(), static_cast<long long>(page), dtype_name(dtype), static_cast<long long>(shape.B),
+                    static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
+                    static_cast<long long>(shape.H), static_cast<long long>(shape.S), median, times.front(),
+                    times.back(), bytes, gbs, dram.median / 1e9, pct, tokens);
+      csv += line;
+    }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (std::filesystem::path(dir) / "bench_decode.csv").string();
+  std::ofstream out(path, std::ios::trunc);
+  out << csv;
+  if (!out) throw Error("--out: cannot write " + path);
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}
+
+}  // namespace flashgqa::cli
