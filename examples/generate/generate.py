@@ -6,9 +6,11 @@ the pages its block_table row lists (handed out as it grows, from a shuffled fre
 engine would). Prompts of different lengths are prefilled in chunks of up to 16 tokens (chunked
 prefill: T new tokens per call, causal bottom-right within each sequence), then each step feeds one
 token per sequence and appends its k, v in the same call. The weights are random, so the tokens are
-nonsense; the point is the cache traffic and the tokens/s.
+nonsense; the point is the cache traffic and the tokens/s. With --kv-dtype int8 the page pools hold
+int8 values with a float32 scale per key (flashgqa.quantize_kv's format): the call quantizes the
+appended k, v itself.
 
-    python examples/generate/generate.py --batch 4 --new-tokens 64
+    python examples/generate/generate.py --batch 4 --new-tokens 64 [--kv-dtype int8]
 """
 import argparse
 import os
@@ -42,13 +44,16 @@ class Model:
 class PagedCache:
     """Per layer a k and a v page pool; per sequence a row of the block table."""
 
-    def __init__(self, rng, model, batch, max_len, page_size):
+    def __init__(self, rng, model, batch, max_len, page_size, kv_dtype="float32"):
         self.page_size = page_size
         self.max_pages = -(-max_len // page_size)
         num_pages = batch * self.max_pages
         shape = (num_pages, model.K, page_size, model.H)
-        self.k = [np.zeros(shape, np.float32) for _ in range(model.layers)]
-        self.v = [np.zeros(shape, np.float32) for _ in range(model.layers)]
+        self.k = [np.zeros(shape, kv_dtype) for _ in range(model.layers)]
+        self.v = [np.zeros(shape, kv_dtype) for _ in range(model.layers)]
+        scales = kv_dtype == "int8"  # a float32 scale per (page, kv head, row)
+        self.k_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]
+        self.v_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]
         self.free = list(rng.permutation(num_pages))
         self.table = np.zeros((batch, self.max_pages), np.int32)
         self.pages = [0] * batch
@@ -82,6 +87,7 @@ def forward(model, cache, tokens):
         v = np.ascontiguousarray((h @ model.wv[i]).reshape(B, T, K, H).transpose(0, 2, 1, 3))
         o = flashgqa.attention_with_kvcache(q, cache.k[i], cache.v[i], cache_seqlens=cache.seqlens,
                                             block_table=cache.table, k_new=k, v_new=v,
+                                            k_scale=cache.k_scale[i], v_scale=cache.v_scale[i],
                                             threads=THREADS)
         x = x + o.transpose(0, 3, 1, 2, 4).reshape(B, T, -1) @ model.wo[i]
         x = x + np.maximum(rms_norm(x) @ model.w1[i], 0) @ model.w2[i]
@@ -95,6 +101,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=16, help="prefill tokens per call (T)")
+    ap.add_argument("--kv-dtype", choices=["float32", "int8"], default="float32",
+                    help="the page pools' dtype (int8: quantized as they are appended)")
     ap.add_argument("--threads", type=int, default=1,
                     help="attention threads (a model this small gains nothing from more: each call is tiny)")
     args = ap.parse_args()
@@ -103,7 +111,8 @@ def main():
     rng = np.random.default_rng(0)
     model = Model(rng, vocab=512, layers=2, K=2, G=4, H=64)
     prompt_lens = [int(n) for n in rng.integers(8, 200, size=args.batch)]
-    cache = PagedCache(rng, model, args.batch, max(prompt_lens) + args.new_tokens + args.chunk, args.page_size)
+    cache = PagedCache(rng, model, args.batch, max(prompt_lens) + args.new_tokens + args.chunk, args.page_size,
+                       args.kv_dtype)
     prompts = rng.integers(0, 512, size=(args.batch, max(prompt_lens)))
 
     # Chunked prefill, one sequence at a time (a call takes one T for all its sequences): up to
@@ -138,6 +147,7 @@ class PagedCacheView:
     def __init__(self, cache, rows):
         self.parent, self.rows = cache, rows
         self.k, self.v, self.page_size, self.max_pages = cache.k, cache.v, cache.page_size, cache.max_pages
+        self.k_scale, self.v_scale = cache.k_scale, cache.v_scale
         self.table = np.ascontiguousarray(cache.table[rows])
         self.seqlens = cache.seqlens[rows].copy()
 
