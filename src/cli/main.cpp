@@ -20,6 +20,7 @@ constexpr const char* kUsage =
     "  flashgqa random --shape B,K,G,T,S,H --dir DIR [flags]\n"
     "  flashgqa roofline [--shape B,K,G,T,S,H] [--threads N] [--remeasure]\n"
     "  flashgqa bench [--out DIR] [--shape ...] [--seq 256,512,...] [--algos ...] [flags]\n"
+    "  flashgqa bench --decode [--shape B,K,G,T,S,H] [--kv-dtypes ...] [--page-sizes ...] [flags]\n"
     "  flashgqa tune --shape B,K,G,T,S,H [flags]\n"
     "  flashgqa --help | flashgqa COMMAND --help\n"
     "\n"
