@@ -281,8 +281,8 @@ struct KvCache {
 // contiguous), one scale per row: scale = max_h |x[h]| / 127 (fp32), x_int8[h] = x[h] / scale rounded to
 // nearest even (0 for a row of zeros, whose scale is 0). x_int8 has x's shape, scale x's shape without
 // its last axis (float32); any strides, H contiguous in x_int8. So |x[h] - x_int8[h] * scale| <=
-// scale (1/2 + 127 * 2^-23) + 2^-149 (the rounding to an integer, the fp32 quotient and the fp32
-// product; the last term for subnormal products).
+// scale (1/2 + 127 * 2^-23) + 2^-143 (the rounding to an integer, the fp32 quotient and the fp32
+// product; the last term for subnormal scales and products: rows with max |x| below ~2^-119).
 // Throws Error for a NaN or infinite x (a row that cannot be scaled), naming the row, before writing.
 void quantize_kv(const TensorView& x, const TensorView& x_int8, const TensorView& scale);
 

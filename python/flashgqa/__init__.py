@@ -398,7 +398,7 @@ def quantize_kv(x):
     """Symmetric int8 quantization of a K or V cache for :func:`attention_with_kvcache`, one
     float32 scale per row (the last axis, H): ``scale = max |x| / 127``, ``x_int8 = x / scale``
     rounded to nearest even (a row of zeros: scale 0). So ``|x - x_int8 * scale| <=
-    scale * (1/2 + 127 * 2**-23) + 2**-149``.
+    scale * (1/2 + 127 * 2**-23) + 2**-143`` (the last term only matters for rows below ~2**-119).
 
     Args:
       x: any float array (numpy, torch, jax), rank 1 to 5, H contiguous: e.g. a cache

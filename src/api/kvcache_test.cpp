@@ -407,6 +407,41 @@ TEST(KvCache, RejectsBadInput) {
   EXPECT_THROW(attention_with_kvcache(dense.out, dense.q, cache), Error);
 }
 
+// Scale views of any strides (here every scale two floats apart, and [dim0, rows, K] transposed) give
+// the bits of contiguous ones; H = 256 and 96 (the fast path's widest rows, the generic path at
+// H = Hp) and 40 (a tail), with k_new appended into them and row groups (G*T = 12).
+TEST_P(KvCacheTest, Int8ScalesOfAnyStrides) {
+  for (std::int64_t H : {256, 96, 40})
+    for (std::int64_t page_size : {0, 16, 256}) {
+      const CacheSpec spec{2, 4, 3, H, {0, 1, 70, 300}, page_size, DType::i8, true};
+      CacheCase plain(spec, 61), strided(spec, 61), transposed(spec, 61);
+      const std::int64_t dim0 = plain.k_scale.shape[0], K = 2, rows = plain.k_scale.shape[2];
+      std::vector<float> pad_k(plain.k_scale_buf.size() * 2), pad_v(pad_k.size()), tr_k(plain.k_scale_buf.size()),
+          tr_v(tr_k.size());
+      for (auto [c, buf_k, buf_v, stride] :
+           {std::tuple{&strided, &pad_k, &pad_v, std::array<std::int64_t, 5>{K * rows * 2, rows * 2, 2}},
+            std::tuple{&transposed, &tr_k, &tr_v, std::array<std::int64_t, 5>{rows * K, 1, K}}})
+        for (auto [view, buf, src] : {std::tuple{&c->k_scale, buf_k, &c->k_scale_buf},
+                                      std::tuple{&c->v_scale, buf_v, &c->v_scale_buf}}) {
+          for (std::int64_t i = 0; i < dim0; ++i)
+            for (std::int64_t kh = 0; kh < K; ++kh)
+              for (std::int64_t r = 0; r < rows; ++r)
+                (*buf)[static_cast<std::size_t>(i * stride[0] + kh * stride[1] + r * stride[2])] =
+                    (*src)[static_cast<std::size_t>((i * K + kh) * rows + r)];
+          view->data = buf->data();
+          view->stride = stride;
+        }
+      Options o;
+      o.causal = true;
+      plain.run(o);
+      strided.run(o);
+      transposed.run(o);
+      EXPECT_TRUE(bitwise_equal(plain.out_and_lse(), strided.out_and_lse())) << to_string(spec);
+      EXPECT_TRUE(bitwise_equal(plain.out_and_lse(), transposed.out_and_lse())) << to_string(spec);
+      plain.expect_matches_reference(o, "int8");
+    }
+}
+
 // An int8 cache: scales missing, misshapen or beside a float cache, dtypes mixed, non-finite new
 // keys; an Error naming the problem, and the cache and its scales untouched.
 TEST(KvCache, RejectsBadInt8Input) {
@@ -437,6 +472,9 @@ TEST(KvCache, RejectsBadInt8Input) {
   expect_error([](CacheCase& c, KvCache&) { store_row(c.v_new_buf.data() + 2 * (64 + 5), DType::bf16,
                                                       std::vector<float>{kNaN}.data(), 1); },
                "v_new: [0,0,1,5] is not finite");
+  expect_error([](CacheCase&, KvCache& k) { k.v_scale = k.k_scale; }, "v_scale: memory overlaps k_scale");
+  expect_error([](CacheCase& c, KvCache& k) { c.k_scale.stride = {0, 0, 0}, k.k_scale = &c.k_scale; },
+               "k_scale: shape [7,1,16] with strides [0,0,0] makes different elements share memory");
   expect_error([](CacheCase& c, KvCache& k) { c.k_scale = c.q, c.k_scale.rank = 3, c.k_scale.dtype = DType::f32,
                                                c.k_scale.shape = c.k.shape, c.k_scale.stride = {128, 64, 1};
                                                k.k_scale = &c.k_scale; },

@@ -16,10 +16,10 @@
 namespace flashgqa {
 namespace {
 
-// The bound: |x - x8 * scale| <= scale (1/2 + 127 2^-23) + 2^-149, with the product in fp32.
+// The bound: |x - x8 * scale| <= scale (1/2 + 127 2^-23) + 2^-143, with the product in fp32.
 void expect_within_bound(float x, std::int8_t x8, float scale, const std::string& what) {
   const double back = static_cast<double>(static_cast<float>(x8) * scale);
-  const double bound = static_cast<double>(scale) * (0.5 + 127 * 0x1p-23) + 0x1p-149;
+  const double bound = static_cast<double>(scale) * (0.5 + 127 * 0x1p-23) + 0x1p-143;
   EXPECT_LE(std::fabs(static_cast<double>(x) - back), bound) << what << ": x " << x << " x8 " << int{x8} << " scale " << scale;
 }
 
@@ -59,6 +59,18 @@ TEST(QuantizeKv, MeetsItsBoundOnEveryMagnitudeAndDtype) {
         }
       }
     }
+}
+
+// Rows so small that the scale (max |x| / 127) is subnormal or 0: the bound's absolute term.
+TEST(QuantizeKv, SubnormalScales) {
+  for (const float amax : {0x1p-140f, 50 * 0x1p-149f, 0x1p-149f, 0x1p-126f, 0x1.8p-120f}) {
+    std::vector<float> x = {amax, -amax / 3, amax / 7, 0.0f, -amax};
+    std::vector<std::int8_t> q(x.size());
+    float s = -1;
+    quantize_kv(contiguous_view(x.data(), DType::f32, {5}), contiguous_view(q.data(), DType::i8, {5}),
+                contiguous_view(&s, DType::f32, {}));
+    for (std::size_t h = 0; h < x.size(); ++h) expect_within_bound(x[h], q[h], s, "amax " + std::to_string(amax));
+  }
 }
 
 TEST(QuantizeKv, RowsOfOneValueAndOfZeros) {

@@ -103,6 +103,8 @@ std::vector<float> read_sinks(const std::string& path, std::int64_t K, std::int6
   if (!fits)
     throw Error("--sinks " + path + ": shape " + shape_string(a.shape) + ", expected [K,G] = [" +
                 std::to_string(K) + "," + std::to_string(G) + "] or [K*G] = [" + std::to_string(K * G) + "]");
+  if (!is_float_dtype(a.dtype))
+    throw Error("--sinks " + path + ": dtype " + dtype_name(a.dtype) + ", expected " + join_names(kFloatDTypeNames));
   std::vector<float> sinks(static_cast<std::size_t>(K * G));
   for (std::int64_t i = 0; i < K * G; ++i) sinks[static_cast<std::size_t>(i)] = load_element(a.data.data(), a.dtype, i);
   return sinks;

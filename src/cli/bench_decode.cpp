@@ -5,6 +5,7 @@
 // byte per value and a 4-byte scale per row) should run at ~2x bf16's tokens/s for the same fraction.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -94,9 +95,13 @@ class DecodeCase {
                        (dtype_ == DType::i8 ? 4.0 : 0.0);
     return 2.0 * keys * static_cast<double>(s_.K) * row;
   }
+  // The cache and its float staging copy, in double (a --shape whose sizes overflow int64 is refused
+  // by the caller from this before anything is allocated).
   static double bytes_needed(const DecodeShape& s, std::int64_t page, DType dtype) {
-    const std::int64_t longest = s.S + s.T, rows = page > 0 ? (longest + page - 1) / page * page : longest;
-    return 2.0 * static_cast<double>(s.B * s.K * rows * s.H) * (static_cast<double>(dtype_size(dtype)) + 2.0);
+    const double longest = static_cast<double>(s.S + s.T);
+    const double rows = page > 0 ? std::ceil(longest / static_cast<double>(page)) * static_cast<double>(page) : longest;
+    return 2.0 * static_cast<double>(s.B) * static_cast<double>(s.K) * rows * static_cast<double>(s.H) *
+           (static_cast<double>(dtype_size(dtype)) + 4.0);
   }
 
  private:
@@ -195,6 +200,9 @@ int bench_decode(const Args& args) {
   for (const std::int64_t page : pages)
     for (const DType dtype : dtypes) {
       const std::string cache = page == 0 ? "dense" : "page" + std::to_string(page);
+      if (DecodeCase::bytes_needed(shape, page, dtype) > 0x1p50)
+        throw Error("--shape: a cache of " + std::to_string(DecodeCase::bytes_needed(shape, page, dtype) / 1e9) +
+                    " GB, expected one that fits in memory");
       if (available > 0 && DecodeCase::bytes_needed(shape, page, dtype) > 0.8 * available) {
         std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", cache.c_str(),
                     dtype_name(dtype));

@@ -88,9 +88,10 @@ inline void store_row(void* row, DType dtype, const float* src, std::int64_t n) 
       for (std::int64_t i = 0; i < n; ++i)
         static_cast<std::uint16_t*>(row)[i] = float_to_f16_bits(src[i]);
       return;
-    case DType::i8:  // unscaled: nearest even, saturated (quantize_kv is what scales)
+    case DType::i8:  // unscaled: nearest even, saturated, NaN as 0 (quantize_kv is what scales)
       for (std::int64_t i = 0; i < n; ++i)
-        static_cast<std::int8_t*>(row)[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(src[i]), -128.0f, 127.0f));
+        static_cast<std::int8_t*>(row)[i] =
+            std::isnan(src[i]) ? 0 : static_cast<std::int8_t>(std::clamp(std::nearbyint(src[i]), -128.0f, 127.0f));
       return;
   }
 }
