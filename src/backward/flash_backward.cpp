@@ -135,7 +135,11 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
 struct Workspace {
   AlignedBuffer logits, dp, x, w1, w2, w3, acc1, acc2, dq;
   std::vector<float> row;
-  Workspace(const Problem& p, const Plan& plan) : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))) {
+  std::vector<float> lse, D;              // a q block's rows (softmax_grad_pack)
+  std::vector<std::int32_t> lo, hi;
+  Workspace(const Problem& p, const Plan& plan)
+      : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))), lse(static_cast<std::size_t>(plan.bq)),
+        D(lse.size()), lo(lse.size()), hi(lse.size()) {
     const std::int64_t qk = plan.bq * plan.kv_block;  // one S (or dP) tile of a q block and a KV block
     logits.reset(static_cast<std::size_t>(qk * 4));
     dp.reset(static_cast<std::size_t>(qk * 4));
@@ -218,6 +222,38 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
   }
 }
 
+// The weight tiles of a q block (rows t0 + i of head g, keys [s0, s0 + n)): w1 = P and w2 = dS as V
+// panels over the rows (pairs along queries, for dV^T and dK^T), w3 = dS rows (for dQ). One pass over
+// S and dP in the kernel set's softmax_grad_pack where it has one (not with a softcap); otherwise
+// softmax_grad in place and the three packs (the same bits).
+void gradient_weights(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                      std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
+                      std::int64_t s0, std::int64_t n, std::int64_t npad) {
+  const Problem& p = bp.fwd;
+  const FlashKernels& kern = *plan.kern;
+  if (kern.softmax_grad_pack && p.softcap == 0.0f) {
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const std::int64_t t = t0 + i;
+      const float lse = *p.lse_at(b, kh, g, t);
+      const KeyRange keys = p.visible_keys(t).clamp_to(s0, s0 + n, s0);
+      const bool none = lse == -std::numeric_limits<float>::infinity() || keys.empty();  // P = 0
+      w.lse[i] = lse;
+      w.D[i] = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
+      w.lo[i] = none ? 0 : static_cast<std::int32_t>(keys.begin);
+      w.hi[i] = none ? 0 : static_cast<std::int32_t>(keys.end);
+    }
+    kern.softmax_grad_pack({w.logits.as<float>(), w.dp.as<float>(), npad, w.lse.data(), w.D.data(), w.lo.data(),
+                            w.hi.data(), npad, w.w1.data(), w.w2.data(), w.w3.data(), npad, static_cast<int>(nq)});
+    return;
+  }
+  softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+  kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
+  kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+  for (std::int64_t i = 0; i < nq; ++i)
+    kern.pack_q_row(w.w3.as<char>() + i * npad * plan.operand_bytes,
+                    {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+}
+
 // acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns
 // [col0, cols) (col0 a multiple of 32) in 32-wide panels, over `keys` keys.
 void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t rows, std::int64_t col0,
@@ -236,8 +272,7 @@ void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t row
 void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
                      std::int64_t b, std::int64_t kh, std::int64_t j, float* dq) {
   const Problem& p = bp.fwd;
-  const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
+  const std::int64_t Hp = plan.Hp;
   const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
   float* dkt = w.acc1.as<float>();  // [Hp][npad]
   float* dvt = w.acc2.as<float>();
@@ -250,10 +285,7 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
       const KeyRange seen = p.visible_keys(t0, t0 + nq);
       if (seen.end <= s0 || seen.begin >= s0 + n) continue;  // no row of the q block sees these keys
       logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
-      softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
-      // P and dS as V panels over the q block's rows (pairs along queries), keys as columns.
-      kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
-      kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+      gradient_weights(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
       const std::int64_t tt = (g * Hp) * plan.Tpad + t0;  // column t0 of head g's transposed rows
       // Only the key columns some row of the q block sees (the others' P and dS are 0).
       const KeyRange cols = seen.clamp_to(s0, s0 + n, s0);
@@ -262,10 +294,7 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
                  w.w1.data(), padded_keys(nq), nq);  // dV^T += dO^T P
       accumulate(plan, dkt, npad, Hp, col0, col1, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
                  w.w2.data(), padded_keys(nq), nq);  // dK^T += Q^T dS
-      // dS rows as weights [nq][npad], then dQ += dS K.
-      for (std::int64_t i = 0; i < nq; ++i)
-        kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
-                        {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+      // dQ += dS K (w3: dS rows as weights [nq][npad]).
       accumulate(plan, dq + (g * plan.Tpad + t0) * Hp, Hp, nq, 0, Hp, w.w3.data(), npad, k_as_v, npad, cols.end);
     }
   float* row = w.row.data();

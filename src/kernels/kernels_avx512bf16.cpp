@@ -129,6 +129,58 @@ void pack_v(void* dst, const PackSource& s) {
   }
 }
 
+// P and dS of keys j..j+31 of one row (softmax_grad_pack): as 32-bit lanes holding the bf16 bits in
+// their high half (round_bf16_hi), e[0..1] for P, e[2..3] for dS; zero outside [lo, hi).
+inline void grad_row32(__m512i (&e)[4], const SoftmaxGradTile& t, int r, std::int64_t j) {
+  const bool pad = r >= t.rows;  // a padding row of the panels
+  const std::int64_t lo = pad ? 0 : t.lo[r], hi = pad ? 0 : t.hi[r];
+  if (j >= hi || j + 32 <= lo) {  // (also every padding row) no key of these 32 is seen
+    for (__m512i& x : e) x = _mm512_setzero_si512();
+    return;
+  }
+  const __m512 lse = _mm512_set1_ps(t.lse[r]), D = _mm512_set1_ps(t.D[r]);
+  const __m512 log2e = _mm512_set1_ps(exp_poly::kLog2e);
+  const float* s = t.s + r * t.lds + j;
+  const float* dp = t.dp + r * t.lds + j;
+  for (int h = 0; h < 2; ++h) {
+    const __mmask16 m = lanes16(lo - j - 16 * h, hi - j - 16 * h);
+    // exp_n's bits: x = S - lse in fp32, then 2^(x log2e).
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + 16 * h), lse);
+    const __m512 p = _mm512_maskz_mov_ps(m, exp2_poly(_mm512_mul_ps(x, log2e)));
+    const __m512 ds = _mm512_mul_ps(p, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + 16 * h), D));
+    e[h] = round_bf16_hi(p);
+    e[2 + h] = _mm512_maskz_mov_epi32(m, round_bf16_hi(ds));  // 0 * (garbage - D) could be NaN
+  }
+}
+
+// The backward's elementwise step and its packs (contract in microkernels.hpp): rows two at a time,
+// so each pair of rows gives the V-panel words (P[2i][c], P[2i+1][c]) by one shift and one or.
+void softmax_grad_pack(const SoftmaxGradTile& t) {
+  auto* pt = static_cast<std::uint16_t*>(t.pt);
+  auto* dst = static_cast<std::uint16_t*>(t.dst);
+  auto* dsr = static_cast<std::uint16_t*>(t.dsr);
+  const std::int64_t rpad = padded_keys(t.rows);
+  // The odd 16-bit halves (the bf16 bits) of a's 16 lanes then of b's: 32 bf16 along keys.
+  const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                       27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  for (std::int64_t i = 0; i < rpad; i += 2) {
+    const int r0 = static_cast<int>(i), r1 = r0 + 1;
+    for (std::int64_t j = 0; j < t.n; j += kPanelKeys) {
+      __m512i a[4], b[4];
+      grad_row32(a, t, r0, j);
+      grad_row32(b, t, r1, j);
+      // Words (row r0, row r1): r0's bits in the low half, r1's in the high half.
+      const std::int64_t at = (j / kPanelKeys) * rpad * kPanelKeys + i * kPanelKeys;
+      for (int h = 0; h < 2; ++h) {
+        _mm512_store_si512(pt + at + 32 * h, _mm512_or_si512(_mm512_srli_epi32(a[h], 16), b[h]));
+        _mm512_store_si512(dst + at + 32 * h, _mm512_or_si512(_mm512_srli_epi32(a[2 + h], 16), b[2 + h]));
+      }
+      if (r0 < t.rows) _mm512_store_si512(dsr + r0 * t.lddsr + j, _mm512_permutex2var_epi16(a[2], odd, a[3]));
+      if (r1 < t.rows) _mm512_store_si512(dsr + r1 * t.lddsr + j, _mm512_permutex2var_epi16(b[2], odd, b[3]));
+    }
+  }
+}
+
 }  // namespace
 
 const FlashKernels& avx512bf16_kernels() {
@@ -144,7 +196,8 @@ const FlashKernels& avx512bf16_kernels() {
                               .pack_k = pack_k,
                               .pack_v = pack_v,
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
-                              .decode_pv_rows = avx512bf16_decode_pv_rows};
+                              .decode_pv_rows = avx512bf16_decode_pv_rows,
+                              .softmax_grad_pack = softmax_grad_pack};
   return k;
 }
 
