@@ -153,32 +153,38 @@ struct Workspace {
   }
 };
 
-// The S and dP tiles [nq][npad] of rows [t0, t0 + nq) of head g against KV block j (keys from s0),
-// per register tile of rows only over the panels some row of the tile sees (the rest is left unwritten:
-// softmax_grad never reads it).
-void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
-                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t s0,
-                   std::int64_t npad) {
+// The S and dP rows [r0, r0 + nr) (one register tile) of the q block at row t0 of head g against KV
+// block j (keys from s0), into s and dp [nr][npad], only over the panels some of these rows see (the
+// rest is left unwritten: neither softmax_grad nor softmax_grad_pack reads it).
+void tile_logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, std::int64_t hg, std::int64_t g,
+                        std::int64_t t0, std::int64_t r0, int nr, std::int64_t j, std::int64_t s0, std::int64_t npad,
+                        float* s, float* dp) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
-  const char* q = part<char>(pk.q, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
-  const char* dout = part<char>(pk.dout, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
+  const std::int64_t row = hg * plan.rows_size + (g * plan.Tpad + t0 + r0) * Hp;
+  const char* q = part<char>(pk.q, row, plan);
+  const char* dout = part<char>(pk.dout, row, plan);
   const std::int64_t at = hg * plan.kv_size + j * plan.kv_block * Hp;
   const char* k = part<char>(pk.k, at, plan);
   const char* vk = part<char>(pk.vk, at, plan);
-  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
-    const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
-    const KeyRange seen = p.visible_keys(t0 + r0, t0 + r0 + nr).clamp_to(s0, s0 + npad, s0);
-    for (std::int64_t c = seen.begin / kPanelKeys * kPanelKeys; c < seen.end; c += kPanelKeys) {
-      kern.qk_tile({w.logits.as<float>() + r0 * npad + c, npad, q + r0 * Hp * ob, Hp, k + c * Hp * ob, Hp, p.scale, nr});
-      kern.qk_tile({w.dp.as<float>() + r0 * npad + c, npad, dout + r0 * Hp * ob, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
-    }
-    if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
-      const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
-      float* s = w.logits.as<float>() + r0 * npad;
-      for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
-    }
+  const KeyRange seen = p.visible_keys(t0 + r0, t0 + r0 + nr).clamp_to(s0, s0 + npad, s0);
+  for (std::int64_t c = seen.begin / kPanelKeys * kPanelKeys; c < seen.end; c += kPanelKeys) {
+    kern.qk_tile({s + c, npad, q, Hp, k + c * Hp * ob, Hp, p.scale, nr});
+    kern.qk_tile({dp + c, npad, dout, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
   }
+  if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
+    const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
+    for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
+  }
+}
+
+// The S and dP tiles [nq][npad] of the q block (rows [t0, t0 + nq) of head g) against KV block j.
+void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t s0,
+                   std::int64_t npad) {
+  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr)
+    tile_logits_and_dp(p, plan, pk, hg, g, t0, r0, static_cast<int>(std::min(plan.mr, nq - r0)), j, s0, npad,
+                       w.logits.as<float>() + r0 * npad, w.dp.as<float>() + r0 * npad);
 }
 
 // In place: S <- P = exp(S - lse_t), 0 outside each row's keys and for rows with lse = -inf (they saw
@@ -222,36 +228,49 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
   }
 }
 
-// The weight tiles of a q block (rows t0 + i of head g, keys [s0, s0 + n)): w1 = P and w2 = dS as V
-// panels over the rows (pairs along queries, for dV^T and dK^T), w3 = dS rows (for dQ). One pass over
-// S and dP in the kernel set's softmax_grad_pack where it has one (not with a softcap); otherwise
-// softmax_grad in place and the three packs (the same bits).
+// The weight tiles of the q block (rows t0 + i of head g) against KV block j (keys [s0, s0 + n)):
+// w1 = P and w2 = dS as V panels over the rows (pairs along queries, for dV^T and dK^T), w3 = dS rows
+// (for dQ). Where the kernel set has softmax_grad_pack (and no softcap), one register tile of rows at a
+// time: its S and dP rows, then P, dS and the three packs from them while they are in L1 (the q
+// block's whole fp32 S and dP tiles, 768 KB at 192 x 512, pushed the K panels out of L2). Otherwise
+// the whole tiles, softmax_grad in place and the three packs (the same bits).
 void gradient_weights(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
                       std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
-                      std::int64_t s0, std::int64_t n, std::int64_t npad) {
+                      std::int64_t j, std::int64_t s0, std::int64_t n, std::int64_t npad) {
   const Problem& p = bp.fwd;
   const FlashKernels& kern = *plan.kern;
-  if (kern.softmax_grad_pack && p.softcap == 0.0f) {
-    for (std::int64_t i = 0; i < nq; ++i) {
-      const std::int64_t t = t0 + i;
-      const float lse = *p.lse_at(b, kh, g, t);
-      const KeyRange keys = p.visible_keys(t).clamp_to(s0, s0 + n, s0);
-      const bool none = lse == -std::numeric_limits<float>::infinity() || keys.empty();  // P = 0
-      w.lse[i] = lse;
-      w.D[i] = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
-      w.lo[i] = none ? 0 : static_cast<std::int32_t>(keys.begin);
-      w.hi[i] = none ? 0 : static_cast<std::int32_t>(keys.end);
-    }
-    kern.softmax_grad_pack({w.logits.as<float>(), w.dp.as<float>(), npad, w.lse.data(), w.D.data(), w.lo.data(),
-                            w.hi.data(), npad, w.w1.data(), w.w2.data(), w.w3.data(), npad, static_cast<int>(nq)});
+  const std::int64_t ob = plan.operand_bytes;
+  if (!kern.softmax_grad_pack || p.softcap != 0.0f || plan.mr % 2 != 0) {
+    logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
+    softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+    kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
+    kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+    for (std::int64_t i = 0; i < nq; ++i)
+      kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
+                      {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
     return;
   }
-  softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
-  kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
-  kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
-  for (std::int64_t i = 0; i < nq; ++i)
-    kern.pack_q_row(w.w3.as<char>() + i * npad * plan.operand_bytes,
-                    {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const std::int64_t t = t0 + i;
+    const float lse = *p.lse_at(b, kh, g, t);
+    const KeyRange keys = p.visible_keys(t).clamp_to(s0, s0 + n, s0);
+    const bool none = lse == -std::numeric_limits<float>::infinity() || keys.empty();  // P = 0
+    w.lse[i] = lse;
+    w.D[i] = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
+    w.lo[i] = none ? 0 : static_cast<std::int32_t>(keys.begin);
+    w.hi[i] = none ? 0 : static_cast<std::int32_t>(keys.end);
+  }
+  const std::int64_t rpad = padded_keys(nq);  // rows of the V panels (pack_v's zero padding)
+  float* s = w.logits.as<float>();
+  float* dp = w.dp.as<float>();
+  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
+    const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
+    tile_logits_and_dp(p, plan, pk, hg, g, t0, r0, nr, j, s0, npad, s, dp);
+    const int rows_out = static_cast<int>(r0 + nr == nq ? rpad - r0 : nr);
+    kern.softmax_grad_pack({s, dp, npad, w.lse.data() + r0, w.D.data() + r0, w.lo.data() + r0, w.hi.data() + r0,
+                            npad, w.w1.as<char>() + r0 * kHTile * ob, w.w2.as<char>() + r0 * kHTile * ob,
+                            rpad * kHTile, w.w3.as<char>() + r0 * npad * ob, npad, nr, rows_out});
+  }
 }
 
 // acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns
@@ -284,8 +303,7 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
       const std::int64_t nq = std::min(plan.bq, p.T - t0);
       const KeyRange seen = p.visible_keys(t0, t0 + nq);
       if (seen.end <= s0 || seen.begin >= s0 + n) continue;  // no row of the q block sees these keys
-      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
-      gradient_weights(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+      gradient_weights(bp, plan, pk, w, hg, b, kh, g, t0, nq, j, s0, n, npad);
       const std::int64_t tt = (g * Hp) * plan.Tpad + t0;  // column t0 of head g's transposed rows
       // Only the key columns some row of the q block sees (the others' P and dS are 0).
       const KeyRange cols = seen.clamp_to(s0, s0 + n, s0);

@@ -159,7 +159,7 @@ void softmax_grad_pack(const SoftmaxGradTile& t) {
   auto* pt = static_cast<std::uint16_t*>(t.pt);
   auto* dst = static_cast<std::uint16_t*>(t.dst);
   auto* dsr = static_cast<std::uint16_t*>(t.dsr);
-  const std::int64_t rpad = padded_keys(t.rows);
+  const std::int64_t rpad = t.rows_out;
   // The odd 16-bit halves (the bf16 bits) of a's 16 lanes then of b's: 32 bf16 along keys.
   const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
                                        27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -170,7 +170,7 @@ void softmax_grad_pack(const SoftmaxGradTile& t) {
       grad_row32(a, t, r0, j);
       grad_row32(b, t, r1, j);
       // Words (row r0, row r1): r0's bits in the low half, r1's in the high half.
-      const std::int64_t at = (j / kPanelKeys) * rpad * kPanelKeys + i * kPanelKeys;
+      const std::int64_t at = (j / kPanelKeys) * t.panel_stride + i * kPanelKeys;
       for (int h = 0; h < 2; ++h) {
         _mm512_store_si512(pt + at + 32 * h, _mm512_or_si512(_mm512_srli_epi32(a[h], 16), b[h]));
         _mm512_store_si512(dst + at + 32 * h, _mm512_or_si512(_mm512_srli_epi32(a[2 + h], 16), b[2 + h]));

@@ -97,18 +97,19 @@
 // Backward kernel (optional, bf16-pair family only: null in a set that has none; then
 // src/backward/flash_backward.cpp runs exp_n, its own elementwise loop and pack_v / pack_q_row, which
 // give the same bits).
-//   softmax_grad_pack: the backward's elementwise step and its three packs in one pass over a q block's
-//                   S and dP tiles ([rows][lds] fp32, n keys, n a multiple of kPanelKeys; rows >= 1).
-//                   For row r and key j in [lo[r], hi[r]) (0 <= lo, hi <= n; lo >= hi: none):
+//   softmax_grad_pack: the backward's elementwise step and its three packs in one pass over S and dP
+//                   tiles ([rows][lds] fp32, n keys, n a multiple of kPanelKeys; rows >= 1) of rows
+//                   that start at an even row r0 of their q block. For row r and key j in [lo[r], hi[r])
+//                   (0 <= lo, hi <= n; lo >= hi: none):
 //                     P[r][j] = exp(S[r][j] - lse[r])  (fp32 subtraction, then exp_n's polynomial)
 //                     dS[r][j] = P[r][j] * (dP[r][j] - D[r])   (fp32)
 //                   and P = dS = 0 outside [lo, hi) (S and dP there are not read as values). Writes,
 //                   every value rounded to nearest even bf16 exactly as the packers round (subnormals
 //                   kept):
-//                     pt: P as pack_v writes it for a source of `rows` rows of n columns (V panels over
-//                         the rows: panel c (keys 32c..32c+31) at c * rpad * 32 elements, rpad =
-//                         padded_keys(rows), word (i, c') = (P[2i][32c+c'], P[2i+1][32c+c']); rows
-//                         rows..rpad zero);
+//                     pt: P as pack_v writes it for the q block's rows, rows r0.. of it: pt points at
+//                         row r0 of panel 0 (the words of rows r0 + 2i and r0 + 2i + 1 at 64 i elements), panel c (keys
+//                         32c..32c+31) at c * panel_stride elements; rows rows..rows_out (rows_out >=
+//                         rows, even) are written as zeros (the q block's padding rows);
 //                     dst: dS the same way;
 //                     dsr: dS rows [rows][lddsr] as pack_q_row writes them (n columns).
 // ---------------------------------------------------------------------------------------------------
@@ -223,11 +224,13 @@ struct SoftmaxGradTile {
   const std::int32_t* lo;  // [rows] first visible key
   const std::int32_t* hi;  // [rows] one past the last visible key
   std::int64_t n;          // keys, a multiple of kPanelKeys
-  void* pt;                // P as V panels over the rows
-  void* dst;               // dS as V panels over the rows
+  void* pt;                // P as V panels over the rows, at row r0
+  void* dst;               // dS as V panels over the rows, at row r0
+  std::int64_t panel_stride;  // elements between two key panels of pt (and of dst)
   void* dsr;               // dS rows [rows][lddsr] (operand type)
   std::int64_t lddsr;
   int rows;
+  int rows_out;            // rows of pt and dst written (>= rows, even; the extra ones zero)
 };
 
 struct FlashKernels {
