@@ -233,7 +233,8 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
 // (for dQ). Where the kernel set has softmax_grad_pack (and no softcap), one register tile of rows at a
 // time: its S and dP rows, then P, dS and the three packs from them while they are in L1 (the q
 // block's whole fp32 S and dP tiles, 768 KB at 192 x 512, pushed the K panels out of L2). Otherwise
-// the whole tiles, softmax_grad in place and the three packs (the same bits).
+// the whole tiles, softmax_grad in place and the three packs (the same bits but for values below 2^-126,
+// which the kernel flushes to zero).
 void gradient_weights(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
                       std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
                       std::int64_t j, std::int64_t s0, std::int64_t n, std::int64_t npad) {

@@ -95,8 +95,7 @@
 // float32 row holding that product would give. scale is null for the float dtypes.
 //
 // Backward kernel (optional, bf16-pair family only: null in a set that has none; then
-// src/backward/flash_backward.cpp runs exp_n, its own elementwise loop and pack_v / pack_q_row, which
-// give the same bits).
+// src/backward/flash_backward.cpp runs exp_n, its own elementwise loop and pack_v / pack_q_row).
 //   softmax_grad_pack: the backward's elementwise step and its three packs in one pass over S and dP
 //                   tiles ([rows][lds] fp32, n keys, n a multiple of kPanelKeys; rows >= 1) of rows
 //                   that start at an even row r0 of their q block. For row r and key j in [lo[r], hi[r])
@@ -104,8 +103,9 @@
 //                     P[r][j] = exp(S[r][j] - lse[r])  (fp32 subtraction, then exp_n's polynomial)
 //                     dS[r][j] = P[r][j] * (dP[r][j] - D[r])   (fp32)
 //                   and P = dS = 0 outside [lo, hi) (S and dP there are not read as values). Writes,
-//                   every value rounded to nearest even bf16 exactly as the packers round (subnormals
-//                   kept):
+//                   every value rounded to nearest even bf16 as softmax_tile rounds P (vcvtne2ps2bf16:
+//                   values below 2^-126 become 0, which the subnormal note above allows; so its bits
+//                   may differ from the fallback's there):
 //                     pt: P as pack_v writes it for the q block's rows, rows r0.. of it: pt points at
 //                         row r0 of panel 0 (the words of rows r0 + 2i and r0 + 2i + 1 at 64 i elements), panel c (keys
 //                         32c..32c+31) at c * panel_stride elements; rows rows..rows_out (rows_out >=
