@@ -38,7 +38,7 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block (a multiple of 32 and of MR = 12)
-constexpr std::int64_t kDefaultBlockKV = 512;  // keys per KV block (docs/performance.md, "Backward")
+constexpr std::int64_t kDefaultBlockKV = 1024;  // keys per KV block (docs/performance.md, "Backward")
 // Bytes of packed operands one group of heads may hold (at least one head is always allowed).
 constexpr std::int64_t kPackedGroupBytes = std::int64_t{512} << 20;
 
@@ -49,6 +49,7 @@ struct Plan {
   std::int64_t Tpad = 0;        // T padded to whole q blocks
   std::int64_t kv_block = 0;    // bkv padded to whole panels
   bool round = false;
+  bool fused = false;  // P, dS and their packs by the kernel set's softmax_grad_pack (gradient_weights)
   // Per head of a group, in elements of the operand type (D in floats):
   std::int64_t rows_size = 0;   // Q (or dO) rows [G][Tpad][Hp]
   std::int64_t trans_size = 0;  // Q^T (or dO^T) [G][Hp][Tpad]
@@ -141,8 +142,9 @@ struct Workspace {
       : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))), lse(static_cast<std::size_t>(plan.bq)),
         D(lse.size()), lo(lse.size()), hi(lse.size()) {
     const std::int64_t qk = plan.bq * plan.kv_block;  // one S (or dP) tile of a q block and a KV block
-    logits.reset(static_cast<std::size_t>(qk * 4));
-    dp.reset(static_cast<std::size_t>(qk * 4));
+    const std::int64_t s_rows = plan.fused ? plan.mr : plan.bq;  // fused: one register tile of rows
+    logits.reset(static_cast<std::size_t>(s_rows * plan.kv_block * 4));
+    dp.reset(static_cast<std::size_t>(s_rows * plan.kv_block * 4));
     x.reset(static_cast<std::size_t>(plan.kv_block * 4));
     w1.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
     w2.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
@@ -241,7 +243,7 @@ void gradient_weights(const BackwardProblem& bp, const Plan& plan, const Packed&
   const Problem& p = bp.fwd;
   const FlashKernels& kern = *plan.kern;
   const std::int64_t ob = plan.operand_bytes;
-  if (!kern.softmax_grad_pack || p.softcap != 0.0f || plan.mr % 2 != 0) {
+  if (!plan.fused) {
     logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
     softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
     kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
@@ -383,6 +385,8 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   plan.operand_bytes = plan.kern->operand_bytes;
   plan.mr = plan.kern->mr;
   plan.round = p.precision == Precision::bf16;
+  // The fused step takes rows from even offsets (pairs of rows make the V-panel words).
+  plan.fused = plan.kern->softmax_grad_pack != nullptr && p.softcap == 0.0f && plan.mr % 2 == 0;
   const BackwardBlocks bl = backward_blocks(p);
   plan.bq = bl.bq;
   plan.bkv = bl.bkv;
