@@ -107,9 +107,10 @@
 //                   values below 2^-126 become 0, which the subnormal note above allows; so its bits
 //                   may differ from the fallback's there):
 //                     pt: P as pack_v writes it for the q block's rows, rows r0.. of it: pt points at
-//                         row r0 of panel 0 (the words of rows r0 + 2i and r0 + 2i + 1 at 64 i elements), panel c (keys
-//                         32c..32c+31) at c * panel_stride elements; rows rows..rows_out (rows_out >=
-//                         rows, even) are written as zeros (the q block's padding rows);
+//                         row r0 of panel 0 (the words of rows r0 + 2i and r0 + 2i + 1 at 64 i
+//                         elements), panel c (keys 32c..32c+31) at c * panel_stride elements; rows
+//                         rows..rows_out (rows_out >= rows, even) are written as zeros (the q block's
+//                         padding rows);
 //                     dst: dS the same way;
 //                     dsr: dS rows [rows][lddsr] as pack_q_row writes them (n columns).
 // ---------------------------------------------------------------------------------------------------
