@@ -38,7 +38,10 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block (a multiple of 32 and of MR = 12)
-constexpr std::int64_t kDefaultBlockKV = 1024;  // keys per KV block (docs/performance.md, "Backward")
+// Keys per KV block by default (docs/performance.md, "Backward"): the largest of 2048, 1024, 512 that
+// still gives every thread two KV blocks' worth of work (a task never splits a block).
+constexpr std::int64_t kDefaultBlockKV = 2048;
+constexpr std::int64_t kMinDefaultBlockKV = 512;
 // Bytes of packed operands a group of heads aims at: the buffers are reused group after group, so a
 // small group touches fewer fresh pages per call (48 MB rather than 512 MB measured 3% faster at K = 8,
 // T = S = 4096); a group still takes as many heads as it needs to have a task for every thread, up to
@@ -372,7 +375,13 @@ struct BackwardBlocks {
 BackwardBlocks backward_blocks(const Problem& p) {
   BackwardBlocks bl;
   bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
-  bl.bkv = std::clamp<std::int64_t>(p.block_kv > 0 ? p.block_kv : kDefaultBlockKV, 1, std::max<std::int64_t>(p.S, 1));
+  std::int64_t bkv = p.block_kv;
+  if (bkv <= 0) {
+    bkv = kDefaultBlockKV;
+    while (bkv > kMinDefaultBlockKV && p.B * p.K * ceil_div(p.S, bkv) < 2 * std::int64_t{std::max(p.threads, 1)})
+      bkv /= 2;
+  }
+  bl.bkv = std::clamp<std::int64_t>(bkv, 1, std::max<std::int64_t>(p.S, 1));
   const std::int64_t tile = bl.bq * padded_keys(bl.bkv);  // S, dP (fp32) and three weight tiles
   if (tile * (8 + 3 * 4) > kMaxWorkspaceBytes)
     throw Error("block_q/block_kv: " + std::to_string(p.block_q) + "/" + std::to_string(p.block_kv) + " needs " +
