@@ -38,10 +38,12 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block (a multiple of 32 and of MR = 12)
-// Keys per KV block by default (docs/performance.md, "Backward"): the largest of 2048, 1024, 512 that
-// still gives every thread two KV blocks' worth of work (a task never splits a block).
-constexpr std::int64_t kDefaultBlockKV = 2048;
-constexpr std::int64_t kMinDefaultBlockKV = 512;
+// Keys per KV block by default (docs/performance.md, "Backward"). With softmax_grad_pack (S and dP a
+// register tile of rows at a time): the largest of 2048, 1024, 512 that still gives every thread two
+// KV blocks' worth of work (a task never splits a block). Without it the q block's whole S and dP
+// tiles are held, and 512 is B4's measured choice.
+constexpr std::int64_t kDefaultBlockKV = 512;
+constexpr std::int64_t kFusedMaxBlockKV = 2048;
 // Bytes of packed operands a group of heads aims at: the buffers are reused group after group, so a
 // small group touches fewer fresh pages per call (48 MB rather than 512 MB measured 3% faster at K = 8,
 // T = S = 4096); a group still takes as many heads as it needs to have a task for every thread, up to
@@ -372,13 +374,13 @@ void run_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Wor
 struct BackwardBlocks {
   std::int64_t bq = 0, bkv = 0;
 };
-BackwardBlocks backward_blocks(const Problem& p) {
+BackwardBlocks backward_blocks(const Problem& p, bool fused) {
   BackwardBlocks bl;
   bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
   std::int64_t bkv = p.block_kv;
   if (bkv <= 0) {
-    bkv = kDefaultBlockKV;
-    while (bkv > kMinDefaultBlockKV && p.B * p.K * ceil_div(p.S, bkv) < 2 * std::int64_t{std::max(p.threads, 1)})
+    bkv = fused ? kFusedMaxBlockKV : kDefaultBlockKV;
+    while (bkv > kDefaultBlockKV && p.B * p.K * ceil_div(p.S, bkv) < 2 * std::int64_t{std::max(p.threads, 1)})
       bkv /= 2;
   }
   bl.bkv = std::clamp<std::int64_t>(bkv, 1, std::max<std::int64_t>(p.S, 1));
@@ -400,7 +402,7 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   plan.round = p.precision == Precision::bf16;
   // The fused step takes rows from even offsets (pairs of rows make the V-panel words).
   plan.fused = plan.kern->softmax_grad_pack != nullptr && p.softcap == 0.0f && plan.mr % 2 == 0;
-  const BackwardBlocks bl = backward_blocks(p);
+  const BackwardBlocks bl = backward_blocks(p, plan.fused);
   plan.bq = bl.bq;
   plan.bkv = bl.bkv;
   plan.nq = ceil_div(p.T, plan.bq);
