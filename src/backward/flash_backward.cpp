@@ -38,9 +38,18 @@ namespace flashgqa {
 namespace {
 
 constexpr std::int64_t kDefaultBlockQ = 192;   // query positions per q block (a multiple of 32 and of MR = 12)
-constexpr std::int64_t kDefaultBlockKV = 512;  // keys per KV block (docs/performance.md, "Backward")
-// Bytes of packed operands one group of heads may hold (at least one head is always allowed).
-constexpr std::int64_t kPackedGroupBytes = std::int64_t{512} << 20;
+// Keys per KV block by default (docs/performance.md, "Backward"). With softmax_grad_pack (S and dP a
+// register tile of rows at a time): the largest of 2048, 1024, 512 that still gives every thread two
+// KV blocks' worth of work (a task never splits a block). Without it the q block's whole S and dP
+// tiles are held, and 512 is B4's measured choice.
+constexpr std::int64_t kDefaultBlockKV = 512;
+constexpr std::int64_t kFusedMaxBlockKV = 2048;
+// Bytes of packed operands a group of heads aims at: the buffers are reused group after group, so a
+// small group touches fewer fresh pages per call (48 MB rather than 512 MB measured 3% faster at K = 8,
+// T = S = 4096); a group still takes as many heads as it needs to have a task for every thread, up to
+// kMaxPackedGroupBytes (at least one head is always allowed).
+constexpr std::int64_t kPackedGroupBytes = std::int64_t{48} << 20;
+constexpr std::int64_t kMaxPackedGroupBytes = std::int64_t{512} << 20;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
@@ -49,6 +58,7 @@ struct Plan {
   std::int64_t Tpad = 0;        // T padded to whole q blocks
   std::int64_t kv_block = 0;    // bkv padded to whole panels
   bool round = false;
+  bool fused = false;  // P, dS and their packs by the kernel set's softmax_grad_pack (gradient_weights)
   // Per head of a group, in elements of the operand type (D in floats):
   std::int64_t rows_size = 0;   // Q (or dO) rows [G][Tpad][Hp]
   std::int64_t trans_size = 0;  // Q^T (or dO^T) [G][Hp][Tpad]
@@ -135,10 +145,15 @@ void prepare_head(const BackwardProblem& bp, const Plan& plan, Packed& pk, std::
 struct Workspace {
   AlignedBuffer logits, dp, x, w1, w2, w3, acc1, acc2, dq;
   std::vector<float> row;
-  Workspace(const Problem& p, const Plan& plan) : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))) {
+  std::vector<float> lse, D;              // a q block's rows (softmax_grad_pack)
+  std::vector<std::int32_t> lo, hi;
+  Workspace(const Problem& p, const Plan& plan)
+      : row(static_cast<std::size_t>(std::max(p.H, plan.kv_block))), lse(static_cast<std::size_t>(plan.bq)),
+        D(lse.size()), lo(lse.size()), hi(lse.size()) {
     const std::int64_t qk = plan.bq * plan.kv_block;  // one S (or dP) tile of a q block and a KV block
-    logits.reset(static_cast<std::size_t>(qk * 4));
-    dp.reset(static_cast<std::size_t>(qk * 4));
+    const std::int64_t s_rows = plan.fused ? plan.mr : plan.bq;  // fused: one register tile of rows
+    logits.reset(static_cast<std::size_t>(s_rows * plan.kv_block * 4));
+    dp.reset(static_cast<std::size_t>(s_rows * plan.kv_block * 4));
     x.reset(static_cast<std::size_t>(plan.kv_block * 4));
     w1.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
     w2.reset(static_cast<std::size_t>(qk * plan.operand_bytes));
@@ -149,32 +164,38 @@ struct Workspace {
   }
 };
 
-// The S and dP tiles [nq][npad] of rows [t0, t0 + nq) of head g against KV block j (keys from s0),
-// per register tile of rows only over the panels some row of the tile sees (the rest is left unwritten:
-// softmax_grad never reads it).
-void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
-                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t s0,
-                   std::int64_t npad) {
+// The S and dP rows [r0, r0 + nr) (one register tile) of the q block at row t0 of head g against KV
+// block j (keys from s0), into s and dp [nr][npad], only over the panels some of these rows see (the
+// rest is left unwritten: neither softmax_grad nor softmax_grad_pack reads it).
+void tile_logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, std::int64_t hg, std::int64_t g,
+                        std::int64_t t0, std::int64_t r0, int nr, std::int64_t j, std::int64_t s0, std::int64_t npad,
+                        float* s, float* dp) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
-  const char* q = part<char>(pk.q, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
-  const char* dout = part<char>(pk.dout, hg * plan.rows_size + (g * plan.Tpad + t0) * Hp, plan);
+  const std::int64_t row = hg * plan.rows_size + (g * plan.Tpad + t0 + r0) * Hp;
+  const char* q = part<char>(pk.q, row, plan);
+  const char* dout = part<char>(pk.dout, row, plan);
   const std::int64_t at = hg * plan.kv_size + j * plan.kv_block * Hp;
   const char* k = part<char>(pk.k, at, plan);
   const char* vk = part<char>(pk.vk, at, plan);
-  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
-    const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
-    const KeyRange seen = p.visible_keys(t0 + r0, t0 + r0 + nr).clamp_to(s0, s0 + npad, s0);
-    for (std::int64_t c = seen.begin / kPanelKeys * kPanelKeys; c < seen.end; c += kPanelKeys) {
-      kern.qk_tile({w.logits.as<float>() + r0 * npad + c, npad, q + r0 * Hp * ob, Hp, k + c * Hp * ob, Hp, p.scale, nr});
-      kern.qk_tile({w.dp.as<float>() + r0 * npad + c, npad, dout + r0 * Hp * ob, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
-    }
-    if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
-      const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
-      float* s = w.logits.as<float>() + r0 * npad;
-      for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
-    }
+  const KeyRange seen = p.visible_keys(t0 + r0, t0 + r0 + nr).clamp_to(s0, s0 + npad, s0);
+  for (std::int64_t c = seen.begin / kPanelKeys * kPanelKeys; c < seen.end; c += kPanelKeys) {
+    kern.qk_tile({s + c, npad, q, Hp, k + c * Hp * ob, Hp, p.scale, nr});
+    kern.qk_tile({dp + c, npad, dout, Hp, vk + c * Hp * ob, Hp, 1.0f, nr});
   }
+  if (p.softcap != 0.0f && !seen.empty()) {  // S = c tanh(S / c) over the same panels
+    const std::int64_t c0 = seen.begin / kPanelKeys * kPanelKeys, c1 = padded_keys(seen.end);
+    for (int i = 0; i < nr; ++i) kern.softcap_n(s + i * npad + c0, c1 - c0, p.softcap);
+  }
+}
+
+// The S and dP tiles [nq][npad] of the q block (rows [t0, t0 + nq) of head g) against KV block j.
+void logits_and_dp(const Problem& p, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                   std::int64_t g, std::int64_t t0, std::int64_t nq, std::int64_t j, std::int64_t s0,
+                   std::int64_t npad) {
+  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr)
+    tile_logits_and_dp(p, plan, pk, hg, g, t0, r0, static_cast<int>(std::min(plan.mr, nq - r0)), j, s0, npad,
+                       w.logits.as<float>() + r0 * npad, w.dp.as<float>() + r0 * npad);
 }
 
 // In place: S <- P = exp(S - lse_t), 0 outside each row's keys and for rows with lse = -inf (they saw
@@ -218,6 +239,52 @@ void softmax_grad(const BackwardProblem& bp, const Plan& plan, const Packed& pk,
   }
 }
 
+// The weight tiles of the q block (rows t0 + i of head g) against KV block j (keys [s0, s0 + n)):
+// w1 = P and w2 = dS as V panels over the rows (pairs along queries, for dV^T and dK^T), w3 = dS rows
+// (for dQ). Where the kernel set has softmax_grad_pack (and no softcap), one register tile of rows at a
+// time: its S and dP rows, then P, dS and the three packs from them while they are in L1 (the q
+// block's whole fp32 S and dP tiles, 768 KB at 192 x 512, pushed the K panels out of L2). Otherwise
+// the whole tiles, softmax_grad in place and the three packs (the same bits but for values below 2^-126,
+// which the kernel flushes to zero).
+void gradient_weights(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
+                      std::int64_t b, std::int64_t kh, std::int64_t g, std::int64_t t0, std::int64_t nq,
+                      std::int64_t j, std::int64_t s0, std::int64_t n, std::int64_t npad) {
+  const Problem& p = bp.fwd;
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t ob = plan.operand_bytes;
+  if (!plan.fused) {
+    logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
+    softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
+    kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
+    kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+    for (std::int64_t i = 0; i < nq; ++i)
+      kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
+                      {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+    return;
+  }
+  for (std::int64_t i = 0; i < nq; ++i) {
+    const std::int64_t t = t0 + i;
+    const float lse = *p.lse_at(b, kh, g, t);
+    const KeyRange keys = p.visible_keys(t).clamp_to(s0, s0 + n, s0);
+    const bool none = lse == -std::numeric_limits<float>::infinity() || keys.empty();  // P = 0
+    w.lse[i] = lse;
+    w.D[i] = pk.D[static_cast<std::size_t>((hg * p.G + g) * p.T + t)];
+    w.lo[i] = none ? 0 : static_cast<std::int32_t>(keys.begin);
+    w.hi[i] = none ? 0 : static_cast<std::int32_t>(keys.end);
+  }
+  const std::int64_t rpad = padded_keys(nq);  // rows of the V panels (pack_v's zero padding)
+  float* s = w.logits.as<float>();
+  float* dp = w.dp.as<float>();
+  for (std::int64_t r0 = 0; r0 < nq; r0 += plan.mr) {
+    const int nr = static_cast<int>(std::min(plan.mr, nq - r0));
+    tile_logits_and_dp(p, plan, pk, hg, g, t0, r0, nr, j, s0, npad, s, dp);
+    const int rows_out = static_cast<int>(r0 + nr == nq ? rpad - r0 : nr);
+    kern.softmax_grad_pack({s, dp, npad, w.lse.data() + r0, w.D.data() + r0, w.lo.data() + r0, w.hi.data() + r0,
+                            npad, w.w1.as<char>() + r0 * kHTile * ob, w.w2.as<char>() + r0 * kHTile * ob,
+                            rpad * kHTile, w.w3.as<char>() + r0 * npad * ob, npad, nr, rows_out});
+  }
+}
+
 // acc [rows][ldo] fp32 += W [rows][ldw] (operands) . V panels of `panel_keys` keys, columns
 // [col0, cols) (col0 a multiple of 32) in 32-wide panels, over `keys` keys.
 void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t rows, std::int64_t col0,
@@ -236,8 +303,7 @@ void accumulate(const Plan& plan, float* acc, std::int64_t ldo, std::int64_t row
 void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Workspace& w, std::int64_t hg,
                      std::int64_t b, std::int64_t kh, std::int64_t j, float* dq) {
   const Problem& p = bp.fwd;
-  const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, ob = plan.operand_bytes;
+  const std::int64_t Hp = plan.Hp;
   const std::int64_t s0 = j * plan.bkv, n = std::min(plan.bkv, p.S - s0), npad = padded_keys(n);
   float* dkt = w.acc1.as<float>();  // [Hp][npad]
   float* dvt = w.acc2.as<float>();
@@ -249,11 +315,7 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
       const std::int64_t nq = std::min(plan.bq, p.T - t0);
       const KeyRange seen = p.visible_keys(t0, t0 + nq);
       if (seen.end <= s0 || seen.begin >= s0 + n) continue;  // no row of the q block sees these keys
-      logits_and_dp(p, plan, pk, w, hg, g, t0, nq, j, s0, npad);
-      softmax_grad(bp, plan, pk, w, hg, b, kh, g, t0, nq, s0, n, npad);
-      // P and dS as V panels over the q block's rows (pairs along queries), keys as columns.
-      kern.pack_v(w.w1.data(), {w.logits.data(), DType::f32, npad, nq, npad, npad, plan.round});
-      kern.pack_v(w.w2.data(), {w.dp.data(), DType::f32, npad, nq, npad, npad, plan.round});
+      gradient_weights(bp, plan, pk, w, hg, b, kh, g, t0, nq, j, s0, n, npad);
       const std::int64_t tt = (g * Hp) * plan.Tpad + t0;  // column t0 of head g's transposed rows
       // Only the key columns some row of the q block sees (the others' P and dS are 0).
       const KeyRange cols = seen.clamp_to(s0, s0 + n, s0);
@@ -262,10 +324,7 @@ void block_gradients(const BackwardProblem& bp, const Plan& plan, const Packed& 
                  w.w1.data(), padded_keys(nq), nq);  // dV^T += dO^T P
       accumulate(plan, dkt, npad, Hp, col0, col1, part<char>(pk.qt, hg * plan.trans_size + tt, plan), plan.Tpad,
                  w.w2.data(), padded_keys(nq), nq);  // dK^T += Q^T dS
-      // dS rows as weights [nq][npad], then dQ += dS K.
-      for (std::int64_t i = 0; i < nq; ++i)
-        kern.pack_q_row(w.w3.as<char>() + i * npad * ob,
-                        {w.dp.as<float>() + i * npad, DType::f32, 0, 0, npad, npad, plan.round});
+      // dQ += dS K (w3: dS rows as weights [nq][npad]).
       accumulate(plan, dq + (g * plan.Tpad + t0) * Hp, Hp, nq, 0, Hp, w.w3.data(), npad, k_as_v, npad, cols.end);
     }
   float* row = w.row.data();
@@ -315,10 +374,16 @@ void run_task(const BackwardProblem& bp, const Plan& plan, const Packed& pk, Wor
 struct BackwardBlocks {
   std::int64_t bq = 0, bkv = 0;
 };
-BackwardBlocks backward_blocks(const Problem& p) {
+BackwardBlocks backward_blocks(const Problem& p, bool fused) {
   BackwardBlocks bl;
   bl.bq = round_up(std::clamp<std::int64_t>(p.block_q > 0 ? p.block_q : kDefaultBlockQ, 1, std::max<std::int64_t>(p.T, 1)), 32);
-  bl.bkv = std::clamp<std::int64_t>(p.block_kv > 0 ? p.block_kv : kDefaultBlockKV, 1, std::max<std::int64_t>(p.S, 1));
+  std::int64_t bkv = p.block_kv;
+  if (bkv <= 0) {
+    bkv = fused ? kFusedMaxBlockKV : kDefaultBlockKV;
+    while (bkv > kDefaultBlockKV && p.B * p.K * ceil_div(p.S, bkv) < 2 * std::int64_t{std::max(p.threads, 1)})
+      bkv /= 2;
+  }
+  bl.bkv = std::clamp<std::int64_t>(bkv, 1, std::max<std::int64_t>(p.S, 1));
   const std::int64_t tile = bl.bq * padded_keys(bl.bkv);  // S, dP (fp32) and three weight tiles
   if (tile * (8 + 3 * 4) > kMaxWorkspaceBytes)
     throw Error("block_q/block_kv: " + std::to_string(p.block_q) + "/" + std::to_string(p.block_kv) + " needs " +
@@ -335,7 +400,9 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   plan.operand_bytes = plan.kern->operand_bytes;
   plan.mr = plan.kern->mr;
   plan.round = p.precision == Precision::bf16;
-  const BackwardBlocks bl = backward_blocks(p);
+  // The fused step takes rows from even offsets (pairs of rows make the V-panel words).
+  plan.fused = plan.kern->softmax_grad_pack != nullptr && p.softcap == 0.0f && plan.mr % 2 == 0;
+  const BackwardBlocks bl = backward_blocks(p, plan.fused);
   plan.bq = bl.bq;
   plan.bkv = bl.bkv;
   plan.nq = ceil_div(p.T, plan.bq);
@@ -350,8 +417,11 @@ Plan make_plan(const BackwardProblem& bp, Isa isa) {
   for (const FlashTask& t : plan.work.tasks) plan.any_unsplit |= t.slot < 0;
   const std::int64_t head_bytes = (2 * plan.rows_size + 2 * plan.trans_size + 3 * plan.kv_size) * plan.operand_bytes;
   const std::int64_t heads = p.B * p.K;
-  plan.heads_per_group = std::clamp<std::int64_t>(kPackedGroupBytes / std::max<std::int64_t>(head_bytes, 1), 1,
-                                                  std::max<std::int64_t>(heads, 1));
+  const std::int64_t bytes = std::max<std::int64_t>(head_bytes, 1);
+  const std::int64_t tasks = std::max<std::int64_t>(static_cast<std::int64_t>(plan.work.tasks.size()), 1);
+  const std::int64_t for_threads = ceil_div(std::int64_t{std::max(p.threads, 1)} * heads, tasks);
+  plan.heads_per_group = std::clamp<std::int64_t>(std::min(std::max(kPackedGroupBytes / bytes, for_threads), kMaxPackedGroupBytes / bytes),
+                                                  1, std::max<std::int64_t>(heads, 1));
   return plan;
 }
 

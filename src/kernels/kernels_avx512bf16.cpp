@@ -129,6 +129,59 @@ void pack_v(void* dst, const PackSource& s) {
   }
 }
 
+// P and dS of keys j..j+31 of one row (softmax_grad_pack) in fp32: e[0..1] P, e[2..3] dS (16 keys
+// each); zero outside [lo, hi) and for padding rows.
+inline void grad_row32(__m512 (&e)[4], const SoftmaxGradTile& t, int r, std::int64_t j) {
+  const bool pad = r >= t.rows;  // a padding row of the panels
+  const std::int64_t lo = pad ? 0 : t.lo[r], hi = pad ? 0 : t.hi[r];
+  if (j >= hi || j + 32 <= lo) {  // (also every padding row) no key of these 32 is seen
+    for (__m512& x : e) x = _mm512_setzero_ps();
+    return;
+  }
+  const __m512 lse = _mm512_set1_ps(t.lse[r]), D = _mm512_set1_ps(t.D[r]);
+  const __m512 log2e = _mm512_set1_ps(exp_poly::kLog2e);
+  const float* s = t.s + r * t.lds + j;
+  const float* dp = t.dp + r * t.lds + j;
+  for (int h = 0; h < 2; ++h) {
+    const __mmask16 m = lanes16(lo - j - 16 * h, hi - j - 16 * h);
+    // exp_n's bits: x = S - lse in fp32, then 2^(x log2e).
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + 16 * h), lse);
+    const __m512 p = _mm512_maskz_mov_ps(m, exp2_poly(_mm512_mul_ps(x, log2e)));
+    e[h] = p;
+    // Masked: 0 * (0 - D) could be NaN (D infinite), so masked explicitly.
+    e[2 + h] = _mm512_maskz_mul_ps(m, p, _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + 16 * h), D));
+  }
+}
+
+// The backward's elementwise step and its packs (contract in microkernels.hpp), two rows at a time:
+// vcvtne2ps2bf16 of (row r1's 16 values, row r0's 16) then one permute that interleaves them gives the
+// 16 V-panel words (P[r0][c], P[r1][c]); of a row's two halves, its 32 bf16 along keys.
+void softmax_grad_pack(const SoftmaxGradTile& t) {
+  auto* pt = static_cast<std::uint16_t*>(t.pt);
+  auto* dst = static_cast<std::uint16_t*>(t.dst);
+  auto* dsr = static_cast<std::uint16_t*>(t.dsr);
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  auto words = [&pairs](__m512 r0, __m512 r1) {
+    return _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(r1, r0));
+  };
+  for (std::int64_t i = 0; i < t.rows_out; i += 2) {
+    const int r0 = static_cast<int>(i), r1 = r0 + 1;
+    for (std::int64_t j = 0; j < t.n; j += kPanelKeys) {
+      __m512 a[4], b[4];
+      grad_row32(a, t, r0, j);
+      grad_row32(b, t, r1, j);
+      const std::int64_t at = (j / kPanelKeys) * t.panel_stride + i * kPanelKeys;
+      for (int h = 0; h < 2; ++h) {
+        _mm512_store_si512(pt + at + 32 * h, words(a[h], b[h]));
+        _mm512_store_si512(dst + at + 32 * h, words(a[2 + h], b[2 + h]));
+      }
+      if (r0 < t.rows) _mm512_store_si512(dsr + r0 * t.lddsr + j, (__m512i)_mm512_cvtne2ps_pbh(a[3], a[2]));
+      if (r1 < t.rows) _mm512_store_si512(dsr + r1 * t.lddsr + j, (__m512i)_mm512_cvtne2ps_pbh(b[3], b[2]));
+    }
+  }
+}
+
 }  // namespace
 
 const FlashKernels& avx512bf16_kernels() {
@@ -144,7 +197,8 @@ const FlashKernels& avx512bf16_kernels() {
                               .pack_k = pack_k,
                               .pack_v = pack_v,
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
-                              .decode_pv_rows = avx512bf16_decode_pv_rows};
+                              .decode_pv_rows = avx512bf16_decode_pv_rows,
+                              .softmax_grad_pack = softmax_grad_pack};
   return k;
 }
 

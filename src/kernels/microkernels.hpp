@@ -93,6 +93,26 @@
 // the fp32 product row[h] * scale[j * ld_scale], rounded to bf16 (vcvtne2ps2bf16 or BFCVT, nearest
 // even; a subnormal product may flush to zero, within the subnormal allowance above): the value a
 // float32 row holding that product would give. scale is null for the float dtypes.
+//
+// Backward kernel (optional, bf16-pair family only: null in a set that has none; then
+// src/backward/flash_backward.cpp runs exp_n, its own elementwise loop and pack_v / pack_q_row).
+//   softmax_grad_pack: the backward's elementwise step and its three packs in one pass over S and dP
+//                   tiles ([rows][lds] fp32, n keys, n a multiple of kPanelKeys; rows >= 1) of rows
+//                   that start at an even row r0 of their q block. For row r and key j in [lo[r], hi[r])
+//                   (0 <= lo, hi <= n; lo >= hi: none):
+//                     P[r][j] = exp(S[r][j] - lse[r])  (fp32 subtraction, then exp_n's polynomial)
+//                     dS[r][j] = P[r][j] * (dP[r][j] - D[r])   (fp32)
+//                   and P = dS = 0 outside [lo, hi) (S and dP there are not read as values). Writes,
+//                   every value rounded to nearest even bf16 as softmax_tile rounds P (vcvtne2ps2bf16:
+//                   values below 2^-126 become 0, which the subnormal note above allows; so its bits
+//                   may differ from the fallback's there):
+//                     pt: P as pack_v writes it for the q block's rows, rows r0.. of it: pt points at
+//                         row r0 of panel 0 (the words of rows r0 + 2i and r0 + 2i + 1 at 64 i
+//                         elements), panel c (keys 32c..32c+31) at c * panel_stride elements; rows
+//                         rows..rows_out (rows_out >= rows, even) are written as zeros (the q block's
+//                         padding rows);
+//                     dst: dS the same way;
+//                     dsr: dS rows [rows][lddsr] as pack_q_row writes them (n columns).
 // ---------------------------------------------------------------------------------------------------
 #pragma once
 
@@ -195,6 +215,25 @@ struct DecodePv {
   std::int64_t ld_scale = 0;
 };
 
+// The backward's elementwise step and packs (see the contract above).
+struct SoftmaxGradTile {
+  const float* s;  // S tile [rows][lds] (logits, scale applied)
+  const float* dp;  // dP tile [rows][lds]
+  std::int64_t lds;
+  const float* lse;  // [rows]
+  const float* D;    // [rows] rowsum(dO * O)
+  const std::int32_t* lo;  // [rows] first visible key
+  const std::int32_t* hi;  // [rows] one past the last visible key
+  std::int64_t n;          // keys, a multiple of kPanelKeys
+  void* pt;                // P as V panels over the rows, at row r0
+  void* dst;               // dS as V panels over the rows, at row r0
+  std::int64_t panel_stride;  // elements between two key panels of pt (and of dst)
+  void* dsr;               // dS rows [rows][lddsr] (operand type)
+  std::int64_t lddsr;
+  int rows;
+  int rows_out;            // rows of pt and dst written (>= rows, even; the extra ones zero)
+};
+
 struct FlashKernels {
   const char* name;
   int operand_bytes;  // 2: bf16 pairs, 4: fp32
@@ -209,6 +248,7 @@ struct FlashKernels {
   void (*pack_v)(void* dst, const PackSource& src);
   void (*decode_qk_rows)(const DecodeQk& t) = nullptr;  // optional (bf16-pair family)
   void (*decode_pv_rows)(const DecodePv& t) = nullptr;
+  void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
 };
 
 // The kernel set for a path and precision: avx512bf16 / neon-bf16 for bf16, otherwise the fp32 family

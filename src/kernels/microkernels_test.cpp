@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -342,6 +343,67 @@ TEST(Microkernels, PackingRoundsLikeTheReference) {
       else
         EXPECT_EQ(got, want) << name(kc) << " j " << j;
     }
+  }
+}
+
+// softmax_grad_pack against what the backward does without it: exp_n, dS = P (dP - D), pack_v of P and
+// dS over the rows, pack_q_row of the dS rows. Bit for bit (the values here stay above 2^-126), in two
+// calls as the backward makes them (a register tile from row 0, then the odd last row with the q
+// block's padding rows), with masked ranges not on 16-key boundaries, an empty row, and NaN in S and
+// dP outside each row's keys (never read as values).
+TEST(Microkernels, SoftmaxGradPackMatchesTheUnfusedSteps) {
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    if (k.softmax_grad_pack == nullptr || kc.precision != Precision::bf16) continue;
+    constexpr int rows = 13, split = 12;  // rows [0, 12) then [12, 13)
+    const std::int64_t n = 96, rpad = padded_keys(rows), ob = k.operand_bytes;
+    SCOPED_TRACE(name(kc));
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist;
+    std::vector<float> S(static_cast<std::size_t>(rows * n)), dP(S.size()), lse(rows), D(rows);
+    std::vector<std::int32_t> lo(rows), hi(rows);
+    for (int r = 0; r < rows; ++r) {
+      lo[static_cast<std::size_t>(r)] = r == 5 ? 0 : (r * 7) % 40;
+      hi[static_cast<std::size_t>(r)] = r == 5 ? 0 : static_cast<std::int32_t>(n - (r * 5) % 37);
+      lse[static_cast<std::size_t>(r)] = 4.0f + 0.25f * static_cast<float>(r);
+      D[static_cast<std::size_t>(r)] = dist(rng);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const bool seen = j >= lo[static_cast<std::size_t>(r)] && j < hi[static_cast<std::size_t>(r)];
+        S[static_cast<std::size_t>(r * n + j)] = seen ? 2.0f * dist(rng) : kNaN;
+        dP[static_cast<std::size_t>(r * n + j)] = seen ? dist(rng) : kNaN;
+      }
+    }
+    // The unfused steps on fp32 P and dS rows (zero outside each row's keys).
+    std::vector<float> P(S.size(), 0.0f), dS(S.size(), 0.0f), x(static_cast<std::size_t>(n));
+    for (int r = 0; r < rows; ++r) {
+      const auto at = static_cast<std::size_t>(r * n);
+      for (std::int64_t j = 0; j < n; ++j) x[static_cast<std::size_t>(j)] = S[at + j] - lse[static_cast<std::size_t>(r)];
+      k.exp_n(x.data(), x.data(), n);
+      for (std::int64_t j = lo[static_cast<std::size_t>(r)]; j < hi[static_cast<std::size_t>(r)]; ++j) {
+        P[at + j] = x[static_cast<std::size_t>(j)];
+        dS[at + j] = P[at + j] * (dP[at + j] - D[static_cast<std::size_t>(r)]);
+      }
+    }
+    const auto panels_bytes = static_cast<std::size_t>(rpad * n * ob);
+    AlignedBuffer want_pt(panels_bytes), want_dst(panels_bytes), want_dsr(static_cast<std::size_t>(rows * n * ob));
+    k.pack_v(want_pt.data(), {P.data(), DType::f32, n, rows, n, n, true});
+    k.pack_v(want_dst.data(), {dS.data(), DType::f32, n, rows, n, n, true});
+    for (int r = 0; r < rows; ++r)
+      k.pack_q_row(want_dsr.as<char>() + r * n * ob, {dS.data() + r * n, DType::f32, 0, 0, n, n, true});
+    // The fused kernel, as the backward calls it.
+    AlignedBuffer pt(panels_bytes), dst(panels_bytes), dsr(static_cast<std::size_t>(rows * n * ob));
+    std::memset(pt.data(), 0xff, panels_bytes);  // every byte must be written
+    std::memset(dst.data(), 0xff, panels_bytes);
+    for (const auto& [r0, nr, out] : {std::tuple{0, split, split}, std::tuple{split, rows - split, int(rpad) - split}}) {
+      const auto i = static_cast<std::size_t>(r0);
+      k.softmax_grad_pack({S.data() + r0 * n, dP.data() + r0 * n, n, lse.data() + i, D.data() + i, lo.data() + i,
+                           hi.data() + i, n, pt.as<char>() + r0 * kHTile * ob, dst.as<char>() + r0 * kHTile * ob,
+                           rpad * kHTile, dsr.as<char>() + r0 * n * ob, n, nr, out});
+    }
+    EXPECT_EQ(std::memcmp(pt.data(), want_pt.data(), panels_bytes), 0) << name(kc) << ": P panels";
+    EXPECT_EQ(std::memcmp(dst.data(), want_dst.data(), panels_bytes), 0) << name(kc) << ": dS panels";
+    EXPECT_EQ(std::memcmp(dsr.data(), want_dsr.data(), static_cast<std::size_t>(rows * n * ob)), 0)
+        << name(kc) << ": dS rows";
   }
 }
 
