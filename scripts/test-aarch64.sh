@@ -52,6 +52,11 @@ main="Microkernels*:CpuFeatures*:Ceilings*:AllRungs/Ladder.MatchesReferenceOnEve
 main+=":AllRungs/Ladder.FullyMasked*:AllRungs/Ladder.EmptyKeys*:$flash:AllIsas/FlashSoftcap.MatchesReference*"
 main+=":AllIsas/FlashBackward.MatchesReferenceOnAwkwardShapes/*:AllIsas/Sinks.FlashPathsWithSplitsMatchReference/*"
 main+=":LinearAttention.SubnormalInputsPassOnEveryInstructionSet"
+# The decode kernels (neon-bf16 is the only aarch64 set with them): against their scalar model, then
+# through the decode path and the KV-cache API on neon-bf16 only (neon and portable take the packed
+# path there, the policy code every x86 run tests).
+main+=":DecodeKernels.*:AllIsas/FlashDecode.*/neon_bf16:AllIsas/KvCacheTest.MatchesReference/neon_bf16"
+main+=":AllIsas/KvCacheTest.VariantsMatchReference/neon_bf16"
 active='SoftcapLadder*:SoftcapOption*:KvSplits*:FlashBlocks*:Interrupt*:SinksReference*:PackedSequences.ReferenceEquals*'
 
 run_suite() {  # run_suite CPU ISA FILTER

@@ -35,6 +35,9 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, int r0, s
 #pragma GCC unroll 4
   for (int j = 0; j < kQkKeys; ++j) {
     if (j >= nj) break;
+    // No load moves across this: GCC 12 otherwise hoists the Q chunks of all keys (RB x H / 8 registers
+    // at H = 128) out of the key loop and spills them; they are L1 loads either way.
+    __asm__ volatile("" ::: "memory");
 #pragma GCC unroll 16
     for (int c = 0; c < nc; ++c) {
       const bfloat16x8_t k = vreinterpretq_bf16_u16(load(j0 + j, c));
