@@ -11,7 +11,8 @@
 #   qemu-aarch64 -cpu max (FEAT_BF16: portable, neon and neon-bf16 all run), default path neon-bf16:
 #     $main below: every micro-kernel against its scalar model, every rung, the packed flash path on
 #     awkward shapes, causal offsets, masked rows, NaN, empty inputs, large logits, KV splits and
-#     decode, the softcap, the backward, sinks;
+#     decode, the softcap, the backward, sinks; the decode kernels against their scalar model
+#     (DecodeKernels.*) and through the decode path and the KV-cache API on neon-bf16;
 #   -cpu max with FLASHGQA_ISA=neon, then FLASHGQA_ISA=portable: $active, the tests that run on the
 #     active path only, so each aarch64 path is forced in turn;
 #   -cpu neoverse-n1 (no BF16: neon-bf16 skips, neon is the best path): the kernels and flash paths;
@@ -19,8 +20,14 @@
 #     roofline (the NEON ceiling loops), bench and tune.
 # Cost on the 2-core CI machine, measured from nothing: GoogleTest and the cross build 2.7 min, the
 # emulated runs 4.3 min (7.0 min in all), plus the apt-get of the cross compiler and qemu-user once.
+# The decode suites add ~1.5 min to the -cpu max run (measured alone on 2026-12-01 at load ~3:
+# DecodeKernels 17-21 s, FlashDecode/neon_bf16 25 s, KvCacheTest/neon_bf16 21 s before the int8
+# cases, which add ~18 s); a whole run with them (before the int8 cases) took 209 s for that step and
+# 4.1 min emulated in all (incremental build, busy machine).
 # Left out (they run on every x86 CI run, on the same portable policy code): the thread-count
-# bit-identity tests, the property test, the packed-sequence and window sweeps.
+# bit-identity tests (KvCacheTest.SameBitsDensePagedAndAnyThreads too: ~1 min on neon-bf16), the
+# property test, the packed-sequence and window sweeps, and FlashDecode/KvCacheTest on neon and
+# portable (they take the packed path there).
 # GoogleTest for the target is built from Debian's libgtest-dev sources (/usr/src/googletest); Google
 # Benchmark is not cross-built (flashgqa_bench is skipped here, as CMakeLists.txt does without it).
 set -euo pipefail
@@ -52,6 +59,11 @@ main="Microkernels*:CpuFeatures*:Ceilings*:AllRungs/Ladder.MatchesReferenceOnEve
 main+=":AllRungs/Ladder.FullyMasked*:AllRungs/Ladder.EmptyKeys*:$flash:AllIsas/FlashSoftcap.MatchesReference*"
 main+=":AllIsas/FlashBackward.MatchesReferenceOnAwkwardShapes/*:AllIsas/Sinks.FlashPathsWithSplitsMatchReference/*"
 main+=":LinearAttention.SubnormalInputsPassOnEveryInstructionSet"
+# The decode kernels (neon-bf16 is the only aarch64 set with them): against their scalar model, then
+# through the decode path and the KV-cache API on neon-bf16 only (neon and portable take the packed
+# path there, the policy code every x86 run tests).
+main+=":DecodeKernels.*:AllIsas/FlashDecode.*/neon_bf16:AllIsas/KvCacheTest.MatchesReference/neon_bf16"
+main+=":AllIsas/KvCacheTest.VariantsMatchReference/neon_bf16:AllIsas/KvCacheTest.Int8*/neon_bf16:QuantizeKv*"
 active='SoftcapLadder*:SoftcapOption*:KvSplits*:FlashBlocks*:Interrupt*:SinksReference*:PackedSequences.ReferenceEquals*'
 
 run_suite() {  # run_suite CPU ISA FILTER

@@ -10,6 +10,8 @@
 // Like vdpbf16ps, BFDOT (without FEAT_EBF16) flushes subnormal inputs and results to zero and rounds
 // its steps to odd: differences below 2^-126 are allowed by the contract, the rest is within the fp32
 // accumulation the tolerances count.
+// The decode kernels (rows read straight from a KV cache) are in kernels_neon_bf16_decode_qk.cpp and
+// _pv.cpp, with the same flags.
 #include <arm_neon.h>
 
 #include <cstdint>
@@ -143,7 +145,9 @@ const FlashKernels& neon_bf16_kernels() {
                               .softcap_n = softcap_n,
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
-                              .pack_v = pack_v};
+                              .pack_v = pack_v,
+                              .decode_qk_rows = neon_bf16_decode_qk_rows,
+                              .decode_pv_rows = neon_bf16_decode_pv_rows};
   return k;
 }
 

@@ -266,5 +266,8 @@ const FlashKernels& neon_bf16_kernels();
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp).
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
+// The neon-bf16 set's decode kernels (kernels_neon_bf16_decode_qk.cpp, kernels_neon_bf16_decode_pv.cpp).
+void neon_bf16_decode_qk_rows(const DecodeQk& t);
+void neon_bf16_decode_pv_rows(const DecodePv& t);
 
 }  // namespace flashgqa

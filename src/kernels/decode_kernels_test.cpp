@@ -1,0 +1,285 @@
+// The decode kernels (decode_qk_rows, decode_pv_rows; contract in microkernels.hpp) of every kernel set
+// this machine runs that has them, against a scalar model in double of the bf16-rounded operands:
+// rows 1..8, n = 1..70 (partial key groups and pairs), H = 40 (a partial chunk, Hp > H), 64 and 128
+// (the fast paths), K/V rows in f32, bf16, f16 and int8 with random per-key scales, strided rows,
+// corr null and not. Also: nothing past the contract is read (NaN there) or written (sentinels), S is
+// exactly 0 from n to round_up(n, 16), and the results depend only on the operand values (a bf16 or an
+// int8 row gives the bits of the f32 row holding its operands).
+//
+// Bound (fp32 accumulation, summation orders differ between sets): each logit or output element is
+// within (d + 4) 2^-23 sum |terms| of the exact sum, d the number of summands (H products, or the keys
+// plus the rescaled O), plus 2^-120 per summand for the subnormals BFDOT / vdpbf16ps flush to zero.
+// 2^-23 per step (not 2^-24) covers BFDOT's round-to-odd intermediate; the scale and corr
+// multiplications are one more rounding each, in the 4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.hpp"
+#include "core/dtype.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
+constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
+constexpr int kHs[] = {40, 64, 128};
+constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+std::vector<const FlashKernels*> decode_sets() {
+  std::vector<const FlashKernels*> out;
+  for (Isa isa : supported_isas()) {
+    const FlashKernels& k = kernels_for(isa, Precision::bf16);
+    if (k.decode_qk_rows && k.decode_pv_rows) out.push_back(&k);
+  }
+  return out;
+}
+
+// n rows of `dtype`, ld elements apart, with the operand (bf16-rounded value) of every element h < H;
+// elements h >= H of each row and the rows past n (up to `rows_alloc`) are NaN (never read).
+struct Rows {
+  std::vector<unsigned char> bytes;
+  std::vector<float> operand;  // [n][H]
+  std::vector<float> scale;    // int8: key j's scale at j * kLdScale
+  std::int64_t ld = 0;
+  DType dtype = DType::f32;
+  static constexpr std::int64_t kLdScale = 3;
+
+  const void* data() const { return bytes.data(); }
+  const float* scales() const { return dtype == DType::i8 ? scale.data() : nullptr; }
+};
+
+Rows make_rows(DType dtype, std::int64_t n, std::int64_t rows_alloc, std::int64_t H, std::mt19937& rng) {
+  Rows r;
+  r.dtype = dtype;
+  r.ld = H + 24;
+  const std::size_t esize = dtype_size(dtype);
+  r.bytes.resize(static_cast<std::size_t>(rows_alloc * r.ld) * esize);
+  r.operand.resize(static_cast<std::size_t>(n * H));
+  r.scale.assign(static_cast<std::size_t>(rows_alloc * Rows::kLdScale), kNaN);
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f), sc(0.001f, 0.05f);
+  std::uniform_int_distribution<int> q8(-127, 127);
+  std::vector<float> row(static_cast<std::size_t>(r.ld));
+  for (std::int64_t j = 0; j < rows_alloc; ++j) {
+    void* dst = r.bytes.data() + static_cast<std::size_t>(j * r.ld) * esize;
+    if (dtype == DType::i8) {  // NaN has no int8 form: the rows past n get extreme values instead
+      auto* d = static_cast<std::int8_t*>(dst);
+      const float s = sc(rng);
+      if (j < n) r.scale[static_cast<std::size_t>(j * Rows::kLdScale)] = s;
+      for (std::int64_t h = 0; h < r.ld; ++h) {
+        d[h] = static_cast<std::int8_t>(j < n && h < H ? q8(rng) : -128);
+        if (j < n && h < H) r.operand[static_cast<std::size_t>(j * H + h)] = round_to_bf16(static_cast<float>(d[h]) * s);
+      }
+      continue;
+    }
+    for (std::int64_t h = 0; h < r.ld; ++h) row[static_cast<std::size_t>(h)] = j < n && h < H ? val(rng) : kNaN;
+    store_row(dst, dtype, row.data(), r.ld);
+    for (std::int64_t h = 0; j < n && h < H; ++h)
+      r.operand[static_cast<std::size_t>(j * H + h)] = round_to_bf16(load_element(dst, dtype, h));
+  }
+  return r;
+}
+
+// The same operands as f32 rows (the bits every dtype must give).
+Rows as_f32(const Rows& src, std::int64_t n, std::int64_t rows_alloc, std::int64_t H) {
+  Rows r;
+  r.dtype = DType::f32;
+  r.ld = src.ld;
+  r.bytes.resize(static_cast<std::size_t>(rows_alloc * r.ld) * 4);
+  r.operand = src.operand;
+  std::vector<float> row(static_cast<std::size_t>(r.ld), kNaN);
+  for (std::int64_t j = 0; j < rows_alloc; ++j) {
+    for (std::int64_t h = 0; h < H; ++h) row[static_cast<std::size_t>(h)] = j < n ? src.operand[static_cast<std::size_t>(j * H + h)] : kNaN;
+    std::memcpy(r.bytes.data() + static_cast<std::size_t>(j * r.ld) * 4, row.data(), row.size() * 4);
+  }
+  return r;
+}
+
+// Q rows as pack_q_row writes them: bf16, zero past H; ldq = Hp + 32.
+struct QRows {
+  AlignedBuffer buf;
+  std::vector<float> value;  // [rows][H]
+  std::int64_t ldq = 0;
+};
+
+QRows make_q(int rows, std::int64_t H, std::int64_t Hp, std::mt19937& rng) {
+  QRows q;
+  q.ldq = Hp + 32;
+  q.buf.reset(static_cast<std::size_t>(rows * q.ldq) * 2);
+  q.value.resize(static_cast<std::size_t>(rows * H));
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  auto* bits = q.buf.as<std::uint16_t>();
+  for (int r = 0; r < rows; ++r)
+    for (std::int64_t h = 0; h < q.ldq; ++h) {
+      const float x = h < H ? round_to_bf16(val(rng)) : 0.0f;
+      bits[r * q.ldq + h] = h < Hp ? float_to_bf16_bits(x) : kNaNBits;
+      if (h < H) q.value[static_cast<std::size_t>(r * H + h)] = x;
+    }
+  return q;
+}
+
+std::vector<float> run_qk(const FlashKernels& k, const QRows& q, const Rows& kr, int rows, std::int64_t n,
+                          std::int64_t H, std::int64_t Hp, float scale, std::int64_t lds) {
+  AlignedBuffer s(static_cast<std::size_t>(rows * lds) * 4);
+  std::fill(s.as<float>(), s.as<float>() + rows * lds, kSentinel);
+  DecodeQk t{s.as<float>(), lds, q.buf.as<std::uint16_t>(), q.ldq, kr.data(), kr.dtype, kr.ld, n, H, Hp, scale, rows,
+             kr.scales(), Rows::kLdScale};
+  k.decode_qk_rows(t);
+  return std::vector<float>(s.as<float>(), s.as<float>() + rows * lds);
+}
+
+// decode_qk_rows against the model for one set, dtype and H, every rows and n.
+void check_qk(const FlashKernels& k, DType dtype, std::int64_t H, std::mt19937& rng) {
+  const std::int64_t Hp = round_up(H, kHTile);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(H));
+  for (std::int64_t n = 1; n <= 70; ++n) {
+    const std::int64_t end = round_up(n, 16), lds = end + 16;
+    const Rows kr = make_rows(dtype, n, end, H, rng);
+    const Rows kf = as_f32(kr, n, end, H);
+    for (int rows = 1; rows <= kDecodeMaxRows; ++rows) {
+      SCOPED_TRACE(std::string(k.name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
+                   std::to_string(n) + " rows " + std::to_string(rows));
+      const QRows q = make_q(rows, H, Hp, rng);
+      const std::vector<float> s = run_qk(k, q, kr, rows, n, H, Hp, scale, lds);
+      for (int r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          double exact = 0.0, mag = 0.0;
+          for (std::int64_t h = 0; h < H; ++h) {
+            const double x = static_cast<double>(q.value[static_cast<std::size_t>(r * H + h)]) *
+                             kr.operand[static_cast<std::size_t>(j * H + h)];
+            exact += x;
+            mag += std::fabs(x);
+          }
+          const double bound = (static_cast<double>(H) + 4) * 0x1p-23 * scale * mag + H * 0x1p-120;
+          ASSERT_NEAR(s[static_cast<std::size_t>(r * lds + j)], scale * exact, bound) << "r " << r << " j " << j;
+        }
+        for (std::int64_t j = n; j < end; ++j) ASSERT_EQ(s[static_cast<std::size_t>(r * lds + j)], 0.0f) << "j " << j;
+        for (std::int64_t j = end; j < lds; ++j) ASSERT_EQ(s[static_cast<std::size_t>(r * lds + j)], kSentinel) << "j " << j;
+      }
+      // The operands decide the bits: the f32 rows holding them give the same S.
+      if (dtype != DType::f32) {
+        ASSERT_EQ(s, run_qk(k, q, kf, rows, n, H, Hp, scale, lds));
+      }
+    }
+  }
+}
+
+struct PvCase {
+  int rows;
+  std::int64_t n, nkeys, H, Hp, ldp, ldo;
+  bool corr;
+};
+
+// P weights in [0, 1] as bf16 bits, NaN from nkeys on (never read).
+std::vector<std::uint16_t> make_p(const PvCase& c, std::mt19937& rng) {
+  std::uniform_real_distribution<float> val(0.0f, 1.0f);
+  std::vector<std::uint16_t> p(static_cast<std::size_t>(c.rows * c.ldp), kNaNBits);
+  for (int r = 0; r < c.rows; ++r)
+    for (std::int64_t j = 0; j < c.nkeys; ++j) p[static_cast<std::size_t>(r * c.ldp + j)] = float_to_bf16_bits(val(rng));
+  return p;
+}
+
+std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const std::vector<std::uint16_t>& p,
+                          const std::vector<float>& o0, const std::vector<float>& corr, const Rows& vr) {
+  AlignedBuffer o(static_cast<std::size_t>(c.rows * c.ldo) * 4);
+  AlignedBuffer pb(p.size() * 2);
+  std::copy(o0.begin(), o0.end(), o.as<float>());
+  std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
+  DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>(), c.ldp, vr.data(), vr.dtype, vr.ld, c.n, c.nkeys, c.H, c.Hp,
+             c.corr ? corr.data() : nullptr, c.rows, vr.scales(), Rows::kLdScale};
+  k.decode_pv_rows(t);
+  return std::vector<float>(o.as<float>(), o.as<float>() + c.rows * c.ldo);
+}
+
+void check_pv_case(const FlashKernels& k, const PvCase& c, const Rows& vr, const Rows& vf, std::mt19937& rng) {
+  const std::vector<std::uint16_t> p = make_p(c, rng);
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f), cval(0.0f, 1.0f);
+  std::vector<float> o0(static_cast<std::size_t>(c.rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(c.rows));
+  for (int r = 0; r < c.rows; ++r) {
+    corr[static_cast<std::size_t>(r)] = cval(rng);
+    for (std::int64_t h = 0; h < c.Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
+  }
+  const std::vector<float> o = run_pv(k, c, p, o0, corr, vr);
+  const std::int64_t read = c.nkeys < c.n ? c.nkeys : c.n;  // keys past n count as zero rows
+  for (int r = 0; r < c.rows; ++r) {
+    for (std::int64_t h = 0; h < c.Hp; ++h) {
+      const double start = static_cast<double>(o0[static_cast<std::size_t>(r * c.ldo + h)]) *
+                           (c.corr ? corr[static_cast<std::size_t>(r)] : 1.0f);
+      double exact = start, mag = std::fabs(start);
+      for (std::int64_t j = 0; j < read && h < c.H; ++j) {
+        const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(r * c.ldp + j)])) *
+                         vr.operand[static_cast<std::size_t>(j * c.H + h)];
+        exact += x;
+        mag += std::fabs(x);
+      }
+      const double bound = (static_cast<double>(c.nkeys) + 4) * 0x1p-23 * mag + (c.nkeys + 1) * 0x1p-120;
+      ASSERT_NEAR(o[static_cast<std::size_t>(r * c.ldo + h)], exact, bound) << "r " << r << " h " << h;
+    }
+    for (std::int64_t h = c.Hp; h < c.ldo; ++h) ASSERT_EQ(o[static_cast<std::size_t>(r * c.ldo + h)], kSentinel) << "h " << h;
+  }
+  if (vr.dtype != DType::f32) {
+    ASSERT_EQ(o, run_pv(k, c, p, o0, corr, vf));
+  }
+}
+
+// decode_pv_rows against the model for one set, dtype and H: every rows and n, corr null and not,
+// nkeys = round_up(n, 2) and, for some n, fewer.
+void check_pv(const FlashKernels& k, DType dtype, std::int64_t H, std::mt19937& rng) {
+  const std::int64_t Hp = round_up(H, kHTile);
+  for (std::int64_t n = 1; n <= 70; ++n) {
+    const std::int64_t alloc = round_up(n, 2);
+    const Rows vr = make_rows(dtype, n, alloc, H, rng);
+    const Rows vf = as_f32(vr, n, alloc, H);
+    for (int rows = 1; rows <= kDecodeMaxRows; ++rows)
+      for (bool corr : {false, true}) {
+        SCOPED_TRACE(std::string(k.name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
+                     std::to_string(n) + " rows " + std::to_string(rows) + (corr ? " corr" : ""));
+        PvCase c{rows, n, alloc, H, Hp, round_up(n, 16) + 32, Hp + 32, corr};
+        check_pv_case(k, c, vr, vf, rng);
+        if (n % 7 == 0) {
+          c.nkeys = n / 2 / 2 * 2;
+          check_pv_case(k, c, vr, vf, rng);
+        }
+      }
+  }
+}
+
+TEST(DecodeKernels, QkRowsMatchTheScalarModel) {
+  const auto sets = decode_sets();
+  if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";
+  std::mt19937 rng(15);
+  for (const FlashKernels* k : sets)
+    for (DType d : kFloatDTypes)
+      for (std::int64_t H : kHs) ASSERT_NO_FATAL_FAILURE(check_qk(*k, d, H, rng));
+}
+
+TEST(DecodeKernels, PvRowsMatchTheScalarModel) {
+  const auto sets = decode_sets();
+  if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";
+  std::mt19937 rng(16);
+  for (const FlashKernels* k : sets)
+    for (DType d : kFloatDTypes)
+      for (std::int64_t H : kHs) ASSERT_NO_FATAL_FAILURE(check_pv(*k, d, H, rng));
+}
+
+TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
+  const auto sets = decode_sets();
+  if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";
+  std::mt19937 rng(17);
+  for (const FlashKernels* k : sets)
+    for (std::int64_t H : kHs) {
+      ASSERT_NO_FATAL_FAILURE(check_qk(*k, DType::i8, H, rng));
+      ASSERT_NO_FATAL_FAILURE(check_pv(*k, DType::i8, H, rng));
+    }
+}
+
+}  // namespace
+}  // namespace flashgqa
