@@ -4,10 +4,10 @@
 // per-sequence length is nothing but a per-sequence key range and every variant (windows, softcap,
 // sinks) comes with it.
 //
-// Which path: the decode kernels where the kernel set has them (avx512bf16, Precision::bf16) and
-// G <= kDecodeMaxRows, reading dense rows in place and paged rows page by page (flash_decode.hpp:
-// KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on the dense view, a
-// paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
+// Which path: the decode kernels where the kernel set has them (avx512bf16 and neon-bf16, under
+// Precision::bf16) and G <= kDecodeMaxRows, reading dense rows in place and paged rows page by page
+// (flash_decode.hpp: KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on
+// the dense view, a paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
 // An int8 cache (k_scale, v_scale): the decode kernels scale its rows as they read them; the other
 // paths get a dense float32 copy of the same products (dequantize_sequence). Appending k_new/v_new
 // to it quantizes them as quantize_kv does (core/quantize_row.hpp).
