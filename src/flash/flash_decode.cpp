@@ -149,6 +149,10 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
       for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
         for (std::int64_t c = 0; c < row_bytes; c += 64)
           __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c);
+      // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
+      if (const PieceScales next_scales = scales_at(ahead); next_scales.scale != nullptr)
+        for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); j += 16)
+          __builtin_prefetch(next_scales.scale + j * next_scales.ld);
     }
     if (gathered) {
       for (std::int64_t j = 0; j < len; ++j)
