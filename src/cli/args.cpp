@@ -129,4 +129,18 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string part;
+  for (char c : text + ",") {
+    if (c != ',') {
+      part += c;
+    } else if (!part.empty()) {
+      parts.push_back(part);
+      part.clear();
+    }
+  }
+  return parts;
+}
+
 }  // namespace flashgqa::cli

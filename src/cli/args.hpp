@@ -50,6 +50,9 @@ std::vector<std::int64_t> parse_integer_list(const std::string& flag, const std:
                                              std::size_t count, std::int64_t min,
                                              std::int64_t max);
 
+// The parts of "a,b,c" between commas, empty parts dropped ("a,,b," gives a, b).
+std::vector<std::string> split_list(const std::string& text);
+
 // Whether the words ask for help (--help or -h anywhere).
 bool wants_help(const std::vector<std::string>& args);
 

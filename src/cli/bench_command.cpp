@@ -72,20 +72,6 @@ std::string help_text() {
     "\n" + std::string(bench_decode_help());
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> parts;
-  std::string part;
-  for (char c : text + ",") {
-    if (c == ',') {
-      if (!part.empty()) parts.push_back(part);
-      part.clear();
-    } else {
-      part += c;
-    }
-  }
-  return parts;
-}
-
 std::string gib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1 << 30));
@@ -107,6 +93,18 @@ double memory_model(const BenchItem& item, const study::Shape& s, int threads) {
 
 }  // namespace
 
+void write_out_files(const std::string& dir, const std::map<std::string, std::string>& files) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  for (const auto& [name, text] : files) {
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    std::ofstream out(path, std::ios::trunc);
+    out << text;
+    if (!out) throw Error("--out: cannot write " + path);
+    std::printf("wrote %s\n", path.c_str());
+  }
+}
+
 const char* bench_help() {
   static const std::string help = help_text();
   return help.c_str();
@@ -120,11 +118,11 @@ int bench_command(const std::vector<std::string>& words) {
   study::Shape base = args.has("shape") ? parse_shape("--shape", args.required("shape"))
                                         : study::Shape{1, 2, 4, 0, 0, 128};
   std::vector<std::int64_t> seq;
-  for (const std::string& w : split(args.optional("seq").value_or("256,512,1024,2048,4096,8192")))
+  for (const std::string& w : split_list(args.optional("seq").value_or("256,512,1024,2048,4096,8192")))
     seq.push_back(parse_integer("--seq", w, 1, std::int64_t{1} << 24));
   if (seq.empty()) throw Error("--seq: no lengths given, expected e.g. 256,512,1024");
   std::vector<BenchItem> algos;
-  for (const std::string& w : split(args.optional("algos").value_or(default_algos()))) algos.push_back(parse_item(w));
+  for (const std::string& w : split_list(args.optional("algos").value_or(default_algos()))) algos.push_back(parse_item(w));
   if (algos.empty()) throw Error("--algos: no algorithm given");
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const bool causal = args.has("causal");
@@ -219,18 +217,9 @@ int bench_command(const std::vector<std::string>& words) {
               static_cast<long long>(base.H), causal ? ", causal" : "");
   if (softcap != 0.0) std::printf("softcap %g\n", softcap);
   std::printf("%s", study::to_table(report).c_str());
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const std::map<std::string, std::string> files = {{"bench.csv", study::to_csv(report)},
-                                                    {"bench.json", study::to_json(report)},
-                                                    {"bench.svg", study::to_svg(report)}};
-  for (const auto& [name, text] : files) {
-    const std::string path = (std::filesystem::path(dir) / name).string();
-    std::ofstream out(path, std::ios::trunc);
-    out << text;
-    if (!out) throw Error("--out: cannot write " + path);
-    std::printf("wrote %s\n", path.c_str());
-  }
+  write_out_files(dir, {{"bench.csv", study::to_csv(report)},
+                        {"bench.json", study::to_json(report)},
+                        {"bench.svg", study::to_svg(report)}});
   return 0;
 }
 

@@ -7,22 +7,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
-#include <tuple>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/args.hpp"
 #include "cli/commands.hpp"
 #include "core/dtype.hpp"
 #include "core/names.hpp"
+#include "core/problem.hpp"
 #include "study/ceilings.hpp"
 #include "study/timing.hpp"
-#include "core/problem.hpp"
 
 namespace flashgqa::cli {
 namespace {
@@ -134,20 +132,6 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> parts;
-  std::string part;
-  for (char c : text + ",") {
-    if (c != ',') {
-      part += c;
-    } else if (!part.empty()) {
-      parts.push_back(part);
-      part.clear();
-    }
-  }
-  return parts;
-}
-
 }  // namespace
 
 const char* bench_decode_help() {
@@ -227,13 +211,7 @@ int bench_decode(const Args& args) {
                     times.back(), bytes, gbs, dram.median / 1e9, pct, tokens);
       csv += line;
     }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  const std::string path = (std::filesystem::path(dir) / "bench_decode.csv").string();
-  std::ofstream out(path, std::ios::trunc);
-  out << csv;
-  if (!out) throw Error("--out: cannot write " + path);
-  std::printf("wrote %s\n", path.c_str());
+  write_out_files(dir, {{"bench_decode.csv", csv}});
   return 0;
 }
 

@@ -2,6 +2,7 @@
 // another std::exception) on failure, and has a help text documenting every flag.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ const char* roofline_help();
 
 // flashgqa bench: the seed's sweep over sequence lengths, with charts (bench_command.cpp).
 int bench_command(const std::vector<std::string>& args);
+// Writes each {name, text} of `files` into the folder `dir` (made if missing) and says so on stdout;
+// throws Error naming --out for a file it cannot write (bench and bench --decode).
+void write_out_files(const std::string& dir, const std::map<std::string, std::string>& files);
 // flashgqa bench --decode: the KV-cache API's GB/s against the DRAM bandwidth (bench_decode.cpp).
 class Args;
 int bench_decode(const Args& args);
