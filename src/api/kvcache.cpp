@@ -9,7 +9,7 @@
 // (flash_decode.hpp: KvPages), T in row groups; otherwise fast flash's own choice (flash_attention) on
 // the dense view, a paged sequence first gathered into a dense copy (the packed path packs K/V anyway).
 // An int8 cache (k_scale, v_scale): the decode kernels scale its rows as they read them; the other
-// paths get a dense float32 copy of the same products (dequantize_sequence). Appending k_new/v_new
+// paths get a dense float32 copy of the same products (dense_sequence). Appending k_new/v_new
 // to it quantizes them as quantize_kv does (core/quantize_row.hpp).
 // The decode kernels' sequences run together, in one parallel region (a region per sequence costs a
 // start-up and a barrier each, which on a busy machine can cost more than the work); the others run one
@@ -54,13 +54,30 @@ struct CacheShape {
   std::int64_t length(const KvCache& c, std::int64_t b) const { return c.seqlens[b] + (c.k_new ? T : 0); }
 };
 
+// Element offset of key s of kv head kh of sequence b in a view laid out as the cache is (k, v, or
+// their scales: dimensions 0..2 are the batch entry or page, kv head, row).
+std::int64_t key_offset(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b,
+                        std::int64_t kh, std::int64_t s) {
+  if (cs.paged)
+    return c.block_table[b * c.max_pages + s / cs.rows] * t.stride[0] + kh * t.stride[1] + (s % cs.rows) * t.stride[2];
+  return b * t.stride[0] + kh * t.stride[1] + s * t.stride[2];
+}
+
 // Address of key s of kv head kh of sequence b in the cache view t (k or v).
 char* cache_row(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b, std::int64_t kh,
                 std::int64_t s) {
-  std::int64_t at = b * t.stride[0] + kh * t.stride[1] + s * t.stride[2];
-  if (cs.paged)
-    at = c.block_table[b * c.max_pages + s / cs.rows] * t.stride[0] + kh * t.stride[1] + (s % cs.rows) * t.stride[2];
-  return static_cast<char*>(t.data) + at * esize(t);
+  return static_cast<char*>(t.data) + key_offset(t, c, cs, b, kh, s) * esize(t);
+}
+
+// Its scale in the scale view t (k_scale or v_scale).
+float* scale_at(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b, std::int64_t kh,
+                std::int64_t s) {
+  return static_cast<float*>(t.data) + key_offset(t, c, cs, b, kh, s);
+}
+
+// Row i of kv head kh of sequence b in k_new or v_new ([B, K, T, H]).
+const char* new_row(const TensorView& t, std::int64_t b, std::int64_t kh, std::int64_t i) {
+  return static_cast<const char*>(t.data) + (b * t.stride[0] + kh * t.stride[1] + i * t.stride[2]) * esize(t);
 }
 
 void check_kv_view(const TensorView& t, const char* name, const CacheShape& cs, const char* layout) {
@@ -109,9 +126,7 @@ void check_new_keys_finite(const KvCache& c, const CacheShape& cs) {
     for (std::int64_t b = 0; b < cs.B; ++b)
       for (std::int64_t kh = 0; kh < cs.K; ++kh)
         for (std::int64_t i = 0; i < cs.T; ++i) {
-          const char* row = static_cast<const char*>(t->data) +
-                            (b * t->stride[0] + kh * t->stride[1] + i * t->stride[2]) * esize(*t);
-          const std::int64_t h = first_non_finite(row, t->dtype, cs.H);
+          const std::int64_t h = first_non_finite(new_row(*t, b, kh, i), t->dtype, cs.H);
           if (h >= 0)
             fail(std::string(name) + ": [" + std::to_string(b) + "," + std::to_string(kh) + "," + std::to_string(i) +
                  "," + std::to_string(h) + "] is not finite, expected finite values for an int8 cache (a NaN or "
@@ -223,15 +238,6 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
   return cs;
 }
 
-// The scale of key s of kv head kh of sequence b in the scale view t (k_scale or v_scale).
-float* scale_at(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b, std::int64_t kh,
-                std::int64_t s) {
-  std::int64_t at = b * t.stride[0] + kh * t.stride[1] + s * t.stride[2];
-  if (cs.paged)
-    at = c.block_table[b * c.max_pages + s / cs.rows] * t.stride[0] + kh * t.stride[1] + (s % cs.rows) * t.stride[2];
-  return static_cast<float*>(t.data) + at;
-}
-
 // k_new, v_new into keys seqlens[b] .. + T of each sequence (quantized, with their scales, into an
 // int8 cache).
 void append_new_keys(const KvCache& c, const CacheShape& cs) {
@@ -241,8 +247,7 @@ void append_new_keys(const KvCache& c, const CacheShape& cs) {
       for (std::int64_t kh = 0; kh < cs.K; ++kh)
         for (std::int64_t t = 0; t < cs.T; ++t) {
           const std::int64_t s = c.seqlens[b] + t;
-          const char* row = static_cast<const char*>(src->data) +
-                            (b * src->stride[0] + kh * src->stride[1] + t * src->stride[2]) * esize(*src);
+          const char* row = new_row(*src, b, kh, t);
           if (cs.int8)
             *scale_at(*scale, c, cs, b, kh, s) =
                 quantize_row(reinterpret_cast<std::int8_t*>(cache_row(*dst, c, cs, b, kh, s)), row, src->dtype, cs.H);
@@ -251,30 +256,26 @@ void append_new_keys(const KvCache& c, const CacheShape& cs) {
         }
 }
 
-// Sequence b's L keys of the int8 cache view t as dense [1, K, L, H] float32 values, each the fp32
+// Sequence b's L keys of cache view t as a dense [1, K, L, H] copy of dense_dtype(cs, t): the rows
+// as they are, or for an int8 cache (scale: its k_scale or v_scale) float32 values, each the fp32
 // product of the int8 value and its key's scale (what the decode kernels round to bf16).
-std::vector<std::byte> dequantize_sequence(const TensorView& t, const TensorView& scale, const KvCache& c,
-                                           const CacheShape& cs, std::int64_t b, std::int64_t L) {
-  std::vector<std::byte> bytes(static_cast<std::size_t>(cs.K * L * cs.H) * sizeof(float));
-  auto* dense = reinterpret_cast<float*>(bytes.data());  // operator new's alignment suits float
+DType dense_dtype(const CacheShape& cs, const TensorView& t) { return cs.int8 ? DType::f32 : t.dtype; }
+std::vector<std::byte> dense_sequence(const TensorView& t, const TensorView* scale, const KvCache& c,
+                                      const CacheShape& cs, std::int64_t b, std::int64_t L) {
+  const std::int64_t row_bytes = cs.H * static_cast<std::int64_t>(dtype_size(dense_dtype(cs, t)));
+  std::vector<std::byte> dense(static_cast<std::size_t>(cs.K * L * row_bytes));
   for (std::int64_t kh = 0; kh < cs.K; ++kh)
     for (std::int64_t s = 0; s < L; ++s) {
-      const auto* row = reinterpret_cast<const std::int8_t*>(cache_row(t, c, cs, b, kh, s));
-      const float x = *scale_at(scale, c, cs, b, kh, s);
-      float* d = dense + (kh * L + s) * cs.H;
-      for (std::int64_t h = 0; h < cs.H; ++h) d[h] = static_cast<float>(row[h]) * x;
+      std::byte* d = dense.data() + (kh * L + s) * row_bytes;
+      const char* row = cache_row(t, c, cs, b, kh, s);
+      if (!cs.int8) {
+        std::memcpy(d, row, static_cast<std::size_t>(row_bytes));
+        continue;
+      }
+      const float x = *scale_at(*scale, c, cs, b, kh, s);
+      auto* df = reinterpret_cast<float*>(d);  // operator new's alignment suits float
+      for (std::int64_t h = 0; h < cs.H; ++h) df[h] = static_cast<float>(reinterpret_cast<const std::int8_t*>(row)[h]) * x;
     }
-  return bytes;
-}
-
-// Sequence b's L keys of cache view t as a dense [1, K, L, H] copy.
-std::vector<std::byte> gather_sequence(const TensorView& t, const KvCache& c, const CacheShape& cs, std::int64_t b,
-                                       std::int64_t L) {
-  const std::int64_t row = cs.H * esize(t);
-  std::vector<std::byte> dense(static_cast<std::size_t>(cs.K * L * row));
-  for (std::int64_t kh = 0; kh < cs.K; ++kh)
-    for (std::int64_t s = 0; s < L; ++s)
-      std::memcpy(dense.data() + (kh * L + s) * row, cache_row(t, c, cs, b, kh, s), static_cast<std::size_t>(row));
   return dense;
 }
 
@@ -339,11 +340,9 @@ void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const Te
       return;
     }
   }
-  const std::vector<std::byte> k_dense = cs.int8 ? dequantize_sequence(c.k, *c.k_scale, c, cs, b, L)
-                                                 : gather_sequence(c.k, c, cs, b, L);
-  const std::vector<std::byte> v_dense = cs.int8 ? dequantize_sequence(c.v, *c.v_scale, c, cs, b, L)
-                                                 : gather_sequence(c.v, c, cs, b, L);
-  const DType dtype = cs.int8 ? DType::f32 : c.k.dtype;
+  const std::vector<std::byte> k_dense = dense_sequence(c.k, c.k_scale, c, cs, b, L);
+  const std::vector<std::byte> v_dense = dense_sequence(c.v, c.v_scale, c, cs, b, L);
+  const DType dtype = dense_dtype(cs, c.k);
   const TensorView k = contiguous_view(k_dense.data(), dtype, {1, cs.K, L, cs.H});
   const TensorView v = contiguous_view(v_dense.data(), dtype, {1, cs.K, L, cs.H});
   flash_attention(make_problem(out_b, lse_p, q_b, k, v, o), isa);
