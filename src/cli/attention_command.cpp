@@ -73,9 +73,9 @@ std::string help_text() {
     "                       '<algo>: median <X> ms over <N> runs, <Y> GFLOP/s'\n"
     "                       (FLOPs = 4*B*K*G*H per (query, key) pair the mask lets through;\n"
     "                       file I/O not timed)\n"
-    "  --isa NAME           instruction-set path of the fast kernels: avx512bf16 | avx512f | avx2 |\n"
-    "                       neon-bf16 | neon | portable (default: the best this CPU supports, or\n"
-    "                       $FLASHGQA_ISA)\n"
+    "  --isa NAME           instruction-set path of the fast kernels: amx | avx512bf16 | avx512f |\n"
+    "                       avx2 | neon-bf16 | neon | portable (default: the best this CPU\n"
+    "                       supports, or $FLASHGQA_ISA)\n"
     "  --check              compare the output with the float64 reference; prints one line to\n"
     "                       stdout and fails if the derived error bounds are exceeded\n"
     "  --help               this text\n";

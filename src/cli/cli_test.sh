@@ -101,11 +101,11 @@ if cmp -s "$work/bfloat16/q.npy" "$work/seed2/q.npy"; then fail "seeds 1 and 2 g
 expect_ok "random scaled" "${run[@]}" random --shape "$shape" --dtype float32 --scale-inputs 30 --dir "$work/big"
 expect_ok "random empty T" "${run[@]}" random --shape 1,1,1,0,5,8 --dtype float32 --dir "$work/emptyT"
 
-# Subnormal inputs (~1e-40): the avx512bf16 and neon-bf16 kernels flush them to zero; --check's bound allows that
+# Subnormal inputs (~1e-40): the amx, avx512bf16 and neon-bf16 kernels flush them to zero; --check's bound allows that
 # (reference/tolerance.hpp, underflow) on every instruction-set path this machine supports.
 expect_ok "random subnormal" "${run[@]}" random --shape 1,2,2,5,70,64 --dtype float32 --scale-inputs 1e-40 --dir "$work/subnormal"
 sub=(--q "$work/subnormal/q.npy" --k "$work/subnormal/k.npy" --v "$work/subnormal/v.npy")
-for isa in avx512bf16 avx512f avx2 neon-bf16 neon portable; do
+for isa in amx avx512bf16 avx512f avx2 neon-bf16 neon portable; do
   "${run[@]}" attention "${sub[@]}" --out "$work/subnormal/o.npy" --isa "$isa" >/dev/null 2>&1 || continue  # not here
   for algo in naive chunked-unstable chunked kernel1 flash; do
     expect_check "subnormal $isa $algo" "${run[@]}" attention "${sub[@]}" --out "$work/subnormal/o.npy" --isa "$isa" --algo "$algo" --check

@@ -158,21 +158,25 @@ inline const void* key_row(const PackSource& s, std::int64_t j) {
 }
 
 
-// corr[r] = exp(m_old[r] - m_use[r]) for r < rows (<= 16), vectorised; returns whether any != 1.
+// corr[r] = exp(m_old[r] - m_use[r]) for r < rows (<= kMaxTileRows), 16 at a time; returns whether any != 1.
 inline bool rescale_factors(float* corr, const float* m_old, const float* m_use, int rows) {
-  const __mmask16 m = first_lanes16(rows);
-  const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, m_old), _mm512_maskz_loadu_ps(m, m_use));
-  const __m512 c = exp2_poly(_mm512_mul_ps(d, _mm512_set1_ps(exp_poly::kLog2e)));
-  _mm512_mask_storeu_ps(corr, m, c);
-  // NEQ_UQ: true for NaN too, so a NaN factor forces the rescale that spreads it.
-  return _mm512_mask_cmp_ps_mask(m, c, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+  bool moved = false;
+  for (int r0 = 0; r0 < rows; r0 += 16) {
+    const __mmask16 m = first_lanes16(rows - r0);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, m_old + r0), _mm512_maskz_loadu_ps(m, m_use + r0));
+    const __m512 c = exp2_poly(_mm512_mul_ps(d, _mm512_set1_ps(exp_poly::kLog2e)));
+    _mm512_mask_storeu_ps(corr + r0, m, c);
+    // NEQ_UQ: true for NaN too, so a NaN factor forces the rescale that spreads it.
+    moved = moved || _mm512_mask_cmp_ps_mask(m, c, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
+  }
+  return moved;
 }
 
 // softmax_tile (contract in microkernels.hpp) for 16-lane vectors; write_p(p_row, j, e0, e1) stores
 // the weights of keys j..j+31 (e0: j..j+15, e1: j+16..j+31) in the set's operand type.
 template <bool kMasked, typename WriteP>
 bool softmax_rows(const SoftmaxTile& t, WriteP write_p) {
-  float m_old[16], m_use[16], sums[16];
+  float m_old[kMaxTileRows], m_use[kMaxTileRows], sums[kMaxTileRows];
   const __m512 log2e = _mm512_set1_ps(exp_poly::kLog2e);
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * t.lds;

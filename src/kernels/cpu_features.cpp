@@ -10,6 +10,11 @@
 #include <cpuid.h>
 #define FLASHGQA_X86 1
 #endif
+#if defined(FLASHGQA_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define FLASHGQA_X86_LINUX 1
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #define FLASHGQA_ARM_LINUX 1
@@ -21,6 +26,7 @@ namespace {
 struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
+  bool amx_tile = false, amx_bf16 = false, os_amx = false;  // os_amx: XCR0 tile state + Linux's permission
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
   bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
 };
@@ -30,6 +36,19 @@ std::uint64_t read_xcr0() {
   std::uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+
+// Linux keeps the 8 KiB of tile data off by default: a process asks once (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, Linux 5.16 on), and every thread may then use it. A
+// refusal (an older kernel, a seccomp filter) leaves amx unsupported.
+bool request_amx_permission() {
+#ifdef FLASHGQA_X86_LINUX
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 #endif
 
@@ -45,6 +64,7 @@ Features detect() {
     const std::uint64_t xcr0 = read_xcr0();
     f.os_ymm = (xcr0 & 0x6u) == 0x6u;    // SSE and AVX state
     f.os_zmm = (xcr0 & 0xe6u) == 0xe6u;  // plus opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_amx = (xcr0 & 0x60000u) == 0x60000u;  // XTILECFG, XTILEDATA
   }
   if (__get_cpuid_max(0, nullptr) >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
@@ -53,9 +73,12 @@ Features detect() {
     f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
+    f.amx_bf16 = (d >> 22) & 1u;
+    f.amx_tile = (d >> 24) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = (a >> 5) & 1u;
   }
+  if (f.os_amx && f.amx_tile && f.amx_bf16) f.os_amx = request_amx_permission();
 #endif
 #ifdef FLASHGQA_ARM_LINUX
   constexpr unsigned long kHwcapAsimd = 1ul << 1;  // HWCAP_ASIMD, <asm/hwcap.h>
@@ -71,8 +94,9 @@ const Features& features() {
   return f;
 }
 
-constexpr Isa kIsas[] = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16};
-constexpr const char* kExpected = "expected avx512bf16, avx512f, avx2, neon-bf16, neon or portable";
+// Most portable first within each architecture (supported_isas, best_isa).
+constexpr Isa kIsas[] = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx, Isa::neon, Isa::neon_bf16};
+constexpr const char* kExpected = "expected amx, avx512bf16, avx512f, avx2, neon-bf16, neon or portable";
 
 constexpr int kUnset = -1;
 std::atomic<int> g_isa{kUnset};
@@ -85,6 +109,7 @@ const char* isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     case Isa::avx512f: return "avx512f";
     case Isa::avx512bf16: return "avx512bf16";
+    case Isa::amx: return "amx";
     case Isa::neon: return "neon";
     case Isa::neon_bf16: return "neon-bf16";
   }
@@ -106,6 +131,7 @@ bool isa_supported(Isa isa) {
     case Isa::avx2: return avx2;
     case Isa::avx512f: return avx512;
     case Isa::avx512bf16: return avx512 && f.avx512bf16;
+    case Isa::amx: return avx512 && f.avx512bf16 && f.amx_tile && f.amx_bf16 && f.os_amx;
     case Isa::neon: return f.asimd;
     case Isa::neon_bf16: return f.asimd && f.bf16;
   }

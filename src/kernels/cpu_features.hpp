@@ -1,8 +1,8 @@
 // Which instruction sets this CPU (and its operating system) supports, and which one the kernels use.
 //
 // The choice is made once, on first use: the best supported path, unless the environment variable
-// FLASHGQA_ISA names another (avx512bf16 | avx512f | avx2 | portable on x86-64; neon-bf16 | neon | portable
-// on aarch64). set_isa() changes it later (tests,
+// FLASHGQA_ISA names another (amx | avx512bf16 | avx512f | avx2 | portable on x86-64; neon-bf16 | neon |
+// portable on aarch64). set_isa() changes it later (tests,
 // the CLI's --isa, benchmarks). Naming a path this machine cannot run is an Error, never a crash.
 #pragma once
 
@@ -19,17 +19,20 @@ enum class Isa : int {
   avx512bf16,  // AVX-512 + AVX512_BF16: vdpbf16ps, 32 multiply-adds per instruction
   neon,        // aarch64 Advanced SIMD: bf16 widened to fp32, 4-lane FMLA
   neon_bf16,   // aarch64 Advanced SIMD + FEAT_BF16: BFDOT, 8 multiply-adds per instruction
+  amx,         // avx512bf16 + AMX-BF16 (Sapphire Rapids on): tdpbf16ps, 16x16x32 multiply-adds per instruction
 };
 // Each CPU supports the paths of one architecture only, so "most portable first" holds within each:
-// portable, avx2, avx512f, avx512bf16 on x86-64; portable, neon, neon_bf16 on aarch64.
+// portable, avx2, avx512f, avx512bf16, amx on x86-64; portable, neon, neon_bf16 on aarch64. (amx comes
+// last in the enum only so that the numbers of the others stay as they were.)
 
-// "portable", "avx2", "avx512f", "avx512bf16", "neon", "neon-bf16".
+// "portable", "avx2", "avx512f", "avx512bf16", "amx", "neon", "neon-bf16".
 const char* isa_name(Isa isa);
 // Parses a name as printed by isa_name; throws Error for anything else.
 Isa parse_isa(const std::string& name);
 
-// Whether this CPU and OS can run the path (x86-64: cpuid feature bits and XGETBV register state;
-// aarch64: the kernel's hardware capabilities, getauxval(AT_HWCAP) and getauxval(AT_HWCAP2)).
+// Whether this CPU and OS can run the path (x86-64: cpuid feature bits and XGETBV register state; for
+// amx also Linux's permission to use the tile data, asked for once per process with
+// arch_prctl(ARCH_REQ_XCOMP_PERM); aarch64: the kernel's hardware capabilities, getauxval(AT_HWCAP) and getauxval(AT_HWCAP2)).
 bool isa_supported(Isa isa);
 // Every supported path, most portable first.
 std::vector<Isa> supported_isas();

@@ -11,6 +11,7 @@ const FlashKernels& kernels_for(Isa isa, Precision precision) {
                 "' is not supported by this CPU, expected one of the supported paths");
 #ifdef FLASHGQA_X86_KERNELS
   switch (isa) {
+    case Isa::amx: return precision == Precision::bf16 ? amx_kernels() : avx512f_kernels();
     case Isa::avx512bf16: return precision == Precision::bf16 ? avx512bf16_kernels() : avx512f_kernels();
     case Isa::avx512f: return avx512f_kernels();
     case Isa::avx2: return avx2_kernels();

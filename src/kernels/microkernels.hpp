@@ -9,8 +9,9 @@
 //
 // Two operand families; a kernel set implements exactly one (FlashKernels::operand_bytes):
 //   bf16 pairs (2 bytes): operands are bfloat16 bit patterns, stored so that the two values a
-//              `vdpbf16ps` (or BFDOT) lane multiplies together (consecutive along the reduction
-//              dimension) sit in one 32-bit word. Used by avx512bf16 and neon-bf16 for Precision::bf16.
+//              `vdpbf16ps` (or BFDOT, or tdpbf16ps) lane multiplies together (consecutive along the
+//              reduction dimension) sit in one 32-bit word. Used by avx512bf16, amx and neon-bf16 for
+//              Precision::bf16.
 //   fp32 (4 bytes):  operands are floats. Under Precision::bf16 they hold bf16-rounded values (exact
 //              in fp32); under Precision::f32 the input values themselves. Used by avx512f, avx2,
 //              neon, portable, and by every set for Precision::f32.
@@ -35,9 +36,9 @@
 // tile kernel takes rows in [1, MR] (the last row tile of a block is partial); columns are always a
 // full 32 because the packed operands are zero padded. Leading dimensions are in elements and every
 // buffer the policy passes is 64-byte aligned with 64-byte multiple leading dimensions.
-// MR per set: avx512bf16 12 (24 zmm accumulators), avx512f 12, avx2 6 (as two 6x16 halves), neon and
-// neon-bf16 5 (as two 5x16 halves), portable 8.
-// vdpbf16ps, vcvtne2ps2bf16 and BFDOT treat bf16/fp32 subnormals as zero: differences below 2^-126 in an
+// MR per set: avx512bf16 12 (24 zmm accumulators), amx 32 (four 16x16 accumulator tiles), avx512f 12,
+// avx2 6 (as two 6x16 halves), neon and neon-bf16 5 (as two 5x16 halves), portable 8.
+// vdpbf16ps, tdpbf16ps, vcvtne2ps2bf16 and BFDOT treat bf16/fp32 subnormals as zero: differences below 2^-126 in an
 // operand or a weight are allowed (the tests bound them).
 //
 //   qk_tile:      S[r][0..32) = scale * sum_{h<Hp} Q[r][h] K[j][h]       (overwrites; fp32 accumulate)
@@ -126,6 +127,7 @@ namespace flashgqa {
 
 constexpr int kPanelKeys = 32;  // keys per K panel (qk_tile's NR); KV blocks are padded to a multiple
 constexpr int kHTile = 32;      // columns per V panel (pv_tile's NR); H is padded to a multiple
+constexpr int kMaxTileRows = 32;  // the largest FlashKernels::mr (amx's)
 // npad: a KV block of n keys as packed (zero padded to whole panels).
 constexpr std::int64_t padded_keys(std::int64_t n) { return round_up(n, kPanelKeys); }
 // The bound exp_n and softmax_tile's exp meet (tested in microkernels_test.cpp).
@@ -251,9 +253,9 @@ struct FlashKernels {
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
 };
 
-// The kernel set for a path and precision: avx512bf16 / neon-bf16 for bf16, otherwise the fp32 family
-// of the path (avx512bf16 runs Precision::f32 on its avx512f kernels, neon-bf16 on its neon ones). The path must be compiled in and
-// supported (see cpu_features.hpp); throws Error otherwise.
+// The kernel set for a path and precision: amx / avx512bf16 / neon-bf16 for bf16, otherwise the fp32
+// family of the path (amx and avx512bf16 run Precision::f32 on the avx512f kernels, neon-bf16 on the
+// neon ones). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
 // Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
@@ -261,6 +263,9 @@ const FlashKernels& portable_kernels();
 const FlashKernels& avx2_kernels();
 const FlashKernels& avx512f_kernels();
 const FlashKernels& avx512bf16_kernels();
+// avx512bf16's set with qk_tile and pv_tile on the AMX tile unit (kernels_amx.cpp). Each call loads
+// the tile configuration anew on every thread at its first tile kernel: hand it out once per call.
+const FlashKernels& amx_kernels();
 const FlashKernels& neon_kernels();
 const FlashKernels& neon_bf16_kernels();
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp).

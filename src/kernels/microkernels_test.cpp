@@ -21,6 +21,7 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kSentinel = -12345.0f;  // where a kernel must not write
 
 
 struct KernelCase {
@@ -168,6 +169,53 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
               }
           }
         }
+  }
+}
+
+// The tile kernels touch only what the contract names: Q, P and O rows beyond `rows` are not read or
+// written (their buffers end at the last row: AddressSanitizer's run checks it), S rows beyond `rows`
+// keep their sentinels, and P columns and V keys from nkeys on are not read as values (NaN there).
+// Rows 1..mr, nkeys short of the panel.
+TEST(Microkernels, TilesTouchOnlyTheirRowsAndKeys) {
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const std::int64_t ob = k.operand_bytes, Hp = 64, npad = 64, nkeys = 38, lds = npad + 16;
+    const auto put = [ob](void* base, std::int64_t i, float x) {
+      if (ob == 2)
+        static_cast<std::uint16_t*>(base)[i] = float_to_bf16_bits(x);
+      else
+        static_cast<float*>(base)[i] = x;
+    };
+    AlignedBuffer kp(static_cast<std::size_t>(npad * Hp * ob)), vp(static_cast<std::size_t>(npad * Hp * ob));
+    for (std::int64_t i = 0; i < npad * Hp; ++i) put(kp.data(), i, 0.25f), put(vp.data(), i, 0.5f);
+    // V keys nkeys.. NaN: the bf16 panels hold keys in pairs along words, the fp32 ones one per row.
+    for (std::int64_t c = 0; c < Hp / kHTile; ++c)
+      for (std::int64_t j = nkeys; j < npad; ++j)
+        for (std::int64_t h = 0; h < kHTile; ++h)
+          put(vp.data(), c * npad * kHTile + (ob == 2 ? (j / 2) * 2 * kHTile + 2 * h + j % 2 : j * kHTile + h), kNaN);
+    for (int rows = 1; rows <= k.mr; ++rows) {
+      AlignedBuffer q(static_cast<std::size_t>(rows * Hp * ob)), p(static_cast<std::size_t>(rows * npad * ob));
+      for (std::int64_t i = 0; i < rows * Hp; ++i) put(q.data(), i, 1.0f);
+      for (std::int64_t i = 0; i < rows * npad; ++i) put(p.data(), i, i % npad < nkeys ? 1.0f : kNaN);
+      std::vector<float> s(static_cast<std::size_t>((k.mr + 1) * lds), kSentinel);
+      AlignedBuffer sa(s.size() * 4), oa(static_cast<std::size_t>(rows * Hp * 4));  // O: exactly its rows
+      std::memcpy(sa.data(), s.data(), s.size() * 4);
+      std::fill(oa.as<float>(), oa.as<float>() + rows * Hp, 1.0f);
+      for (std::int64_t c = 0; c < npad; c += kPanelKeys)
+        k.qk_tile({sa.as<float>() + c, lds, q.data(), Hp, kp.as<char>() + c * Hp * ob, Hp, 2.0f, rows});
+      for (std::int64_t c = 0; c < Hp; c += kHTile)
+        k.pv_tile({oa.as<float>() + c, Hp, p.data(), npad, vp.as<char>() + c * npad * ob, nkeys, nullptr, rows});
+      for (int r = 0; r <= k.mr; ++r)
+        for (std::int64_t j = 0; j < lds; ++j) {
+          const float want = r < rows && j < npad ? 2.0f * 0.25f * static_cast<float>(Hp) : kSentinel;
+          ASSERT_EQ(sa.as<float>()[r * lds + j], want) << name(kc) << " S rows " << rows << " r " << r << " j " << j;
+        }
+      for (int r = 0; r < rows; ++r)
+        for (std::int64_t h = 0; h < Hp; ++h) {
+          const float want = 1.0f + 0.5f * static_cast<float>(nkeys);
+          ASSERT_EQ(oa.as<float>()[r * Hp + h], want) << name(kc) << " O rows " << rows << " r " << r << " h " << h;
+        }
+    }
   }
 }
 
@@ -408,7 +456,7 @@ TEST(Microkernels, SoftmaxGradPackMatchesTheUnfusedSteps) {
 }
 
 TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16})
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx, Isa::neon, Isa::neon_bf16})
     EXPECT_EQ(parse_isa(isa_name(isa)), isa);
   EXPECT_THROW(parse_isa("sse9"), Error);
   EXPECT_TRUE(isa_supported(Isa::portable));
@@ -418,7 +466,7 @@ TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
     set_isa(isa);
     EXPECT_EQ(active_isa(), isa);
   }
-  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::neon, Isa::neon_bf16})
+  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx, Isa::neon, Isa::neon_bf16})
     if (!isa_supported(isa)) {
       EXPECT_THROW(set_isa(isa), Error);
     }

@@ -119,8 +119,7 @@ void pack_p_rows(PRows& dst, const RungKernels& kernels, const float* W, std::in
 
 void pv_accumulate(float* O, const RungKernels& kernels, const PRows& P, std::int64_t r0, std::int64_t r1,
                    const KvBlock& kv) {
-  constexpr int kMaxRows = 16;  // >= every kernel set's mr
-  alignas(64) float chain[kMaxRows * kHTile];  // one register tile's chain sums [rows][kHTile]
+  alignas(64) float chain[kMaxTileRows * kHTile];  // one register tile's chain sums [rows][kHTile]
   for (std::int64_t r = r0; r < r1; r += kernels.kern->mr) {
     const int rows = static_cast<int>(std::min<std::int64_t>(kernels.kern->mr, r1 - r));
     for (std::int64_t c = 0; c < kernels.Hp / kHTile; ++c)

@@ -1,6 +1,7 @@
 // This machine's ceilings, measured by its own micro-benchmarks on a given number of threads: the
-// peak of the bf16 matmul instruction (vdpbf16ps where the CPU has AVX512_BF16, BFDOT where it has
-// FEAT_BF16, else the fp32 FMA the widened path uses), the fp32 FMA peak, DRAM read bandwidth and L2
+// peak of the bf16 matmul instruction (AMX's tdpbf16ps where the CPU and OS have AMX-BF16, else
+// vdpbf16ps where the CPU has AVX512_BF16, BFDOT where it has FEAT_BF16, else the fp32 FMA the widened
+// path uses), the fp32 FMA peak, DRAM read bandwidth and L2
 // read bandwidth. Each is the median of repeated runs, with its min and max. Cached per CPU model and
 // thread count in the user's cache folder (user_cache_dir()/ceilings.tsv, see tune_cache.hpp), reused
 // until asked to remeasure.
@@ -21,7 +22,7 @@ struct Ceiling {
 struct Ceilings {
   std::string cpu;
   int threads = 0;
-  std::string bf16_instruction;  // "vdpbf16ps", "bfdot v.4s", or the fp32 FMA it falls back to
+  std::string bf16_instruction;  // "tdpbf16ps (AMX)", "vdpbf16ps", "bfdot v.4s", or the fp32 FMA it falls back to
   Ceiling bf16_flops, f32_flops, dram_bytes, l2_bytes;
 };
 
@@ -30,7 +31,7 @@ Ceilings measure_ceilings(int threads, int repeats = 5);
 
 // The single ceilings, each over `repeats` runs after a warm-up on `threads` threads (the benchmark
 // measures them right before each of its runs).
-Ceiling measure_bf16_peak(int threads, int repeats);  // vdpbf16ps / BFDOT, or the fp32 FMA without
+Ceiling measure_bf16_peak(int threads, int repeats);  // tdpbf16ps / vdpbf16ps / BFDOT, or the fp32 FMA
 Ceiling measure_f32_peak(int threads, int repeats);
 // 128 MiB streamed per thread, by two loops: plain loads, and plain loads plus a prefetch of each
 // 4 KiB page kDramPageAhead bytes before it is read (on this VM the hardware prefetchers restart at
@@ -49,6 +50,7 @@ namespace detail {
 // Per-ISA loops (ceilings_<isa>.cpp). Each returns the FLOPs or bytes it processed; `sink` defeats
 // dead-code elimination.
 double bf16_dot_loop(long iterations, float* sink);    // avx512bf16 only
+double amx_dot_loop(long iterations, float* sink);     // amx only (ceilings_amx.cpp)
 double f32_fma_loop_avx512(long iterations, float* sink);
 double f32_fma_loop_avx2(long iterations, float* sink);
 // Stream `bytes` once; with ahead > 0 they also prefetch the start of the 4 KiB page `ahead` bytes on.

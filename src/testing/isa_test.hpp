@@ -13,8 +13,8 @@
 namespace flashgqa::testing {
 
 // Every path of every architecture: on x86-64 the aarch64 ones skip, and under aarch64 the x86 ones.
-inline constexpr std::array<Isa, 6> kAllIsas = {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16,
-                                                Isa::neon,     Isa::neon_bf16};
+inline constexpr std::array<Isa, 7> kAllIsas = {Isa::portable, Isa::avx2,      Isa::avx512f, Isa::avx512bf16,
+                                                Isa::amx,      Isa::neon,      Isa::neon_bf16};
 
 class IsaTest : public ::testing::TestWithParam<Isa> {
  protected:
