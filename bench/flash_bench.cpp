@@ -2,8 +2,9 @@
 // in the same run.
 //
 //   GFLOP/s = 4 B K G H x the (query, key) pairs the mask lets through / time (about half of T S when
-//   causal; windows and packed sequences count only their visible pairs); pct_peak = that / the vdpbf16ps peak measured
-//   on the same number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
+//   causal; windows and packed sequences count only their visible pairs); pct_peak = that / the bf16
+//   matmul peak (study::measure_bf16_peak: AMX's, vdpbf16ps's or the FMA's) measured on the same
+//   number of threads right before the benchmark (bench/peak.hpp), so a machine busy with
 //   other work lowers both; decode (T = 1) also reports K/V bytes read per second and pct_dram against
 //   the DRAM read bandwidth measured right before. Inputs are random bf16 q, k, v and a bf16 output,
 //   through the public attention() call with its default blocks (no tune cache: what a library user

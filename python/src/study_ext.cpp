@@ -20,6 +20,6 @@ NB_MODULE(_flashgqa_study, m) {
         return nb::make_tuple(c.median, c.min, c.max);
       },
       nb::arg("threads"), nb::arg("repeats") = 5,
-      "(median, min, max) FLOP/s of the bf16 matmul instruction (vdpbf16ps, or the fp32 FMA without "
-      "it) on `threads` threads, each run about 0.1 s.");
+      "(median, min, max) FLOP/s of the bf16 matmul instruction (AMX's tdpbf16ps, vdpbf16ps, or the "
+      "fp32 FMA without them) on `threads` threads, each run about 0.1 s.");
 }
