@@ -19,8 +19,8 @@
 #   the CLI end to end (src/cli/cli_test.sh) under -cpu max: every rung with --check on each path,
 #     roofline (the NEON ceiling loops), bench and tune.
 # Each suite runs as one GoogleTest shard per core (run_suite). Cost on the 2-core CI machine
-# (2026-12-02, an Intel Xeon): GoogleTest and the cross build 4.7 min, the -cpu max suite 4 min
-# unsharded with the portable set, ~3 min sharded without it, the CLI 45 s, plus the apt-get of the
+# (2026-12-02, an Intel Xeon): GoogleTest and the cross build ~5 min, the -cpu max suite 5.7 min
+# unsharded with the portable set, 3 min sharded without it, the CLI 45 s, plus the apt-get of the
 # cross compiler and qemu-user once.
 # Left out (they run on every x86 CI run, on the same portable policy code): the thread-count
 # bit-identity tests (KvCacheTest.SameBitsDensePagedAndAnyThreads too: ~1 min on neon-bf16), the
