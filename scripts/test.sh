@@ -50,8 +50,8 @@ cmake --build "$dir/example" -j "$jobs"
 "$dir/example/flashgqa_example"
 
 # The same C++ suite built for aarch64 and run under qemu (scripts/test-aarch64.sh; a documented
-# subset, every aarch64 path forced in turn; about 9 minutes on 2 cores, the cross build included). Not under the sanitizers
-# (one emulated run is enough); FLASHGQA_AARCH64=0 skips it.
+# subset, every aarch64 path forced in turn; about 9 minutes on 2 cores, the cross build included).
+# Not under the sanitizers (one emulated run is enough); FLASHGQA_AARCH64=0 skips it.
 if [ "${FLASHGQA_SANITIZE:-0}" = 0 ] && [ "${FLASHGQA_AARCH64:-1}" = 1 ]; then
   scripts/test-aarch64.sh
 fi
