@@ -310,7 +310,7 @@ void plan_or_run_sequence(const TensorView& out, const TensorView* lse, const Te
   if (lse != nullptr) lse_b = batch_entry(*lse, b);
   const TensorView* lse_p = lse != nullptr ? &lse_b : nullptr;
   const Isa isa = active_isa();
-  const FlashKernels& kern = kernels_for(isa, o.precision);
+  const FlashKernels& kern = decode_kernels_for(isa, o.precision);
   if (!cs.paged || L == 0) {  // the cache rows in place
     TensorView k = c.k, v = c.v;
     if (!cs.paged) k = batch_entry(c.k, b), v = batch_entry(c.v, b);
@@ -362,7 +362,7 @@ void run(const TensorView& out, const TensorView* lse, const TensorView& q, cons
     problems.push_back(&decode.problems[i]);
     pages.push_back(decode.paged[i] ? &decode.pages[i] : nullptr);
   }
-  flash_attention_decode(problems, kernels_for(active_isa(), options.precision), pages);
+  flash_attention_decode(problems, decode_kernels_for(active_isa(), options.precision), pages);
 }
 
 }  // namespace

@@ -265,7 +265,7 @@ TEST_P(PackedSequences, BatchedDecodeTakesTheDecodePath) {
   Options o = options_for(pk, kMasks[1]);
   o.algorithm = Algorithm::flash;
   const Problem p = make_problem(c.out, &c.lse, c.q, c.k, c.v, o);
-  const FlashKernels& k = kernels_for(isa(), p.precision);
+  const FlashKernels& k = decode_kernels_for(isa(), p.precision);
   EXPECT_EQ(flash_decode_applies(p, k), k.decode_qk_rows != nullptr) << "G x the longest sequence = 8 rows";
   flash_attention(p, isa());
   const ErrorReport r = check_against_reference(p, reference_attention(p), flash_key_sums(p, isa()));

@@ -68,7 +68,7 @@ TEST_P(FlashDecode, IsTakenWithSplits) {
   Options o;
   o.block_kv = 64;
   const Problem p = flash_problem(c, o);
-  const FlashKernels& k = kernels_for(isa(), p.precision);
+  const FlashKernels& k = decode_kernels_for(isa(), p.precision);
   if (k.decode_qk_rows) {
     EXPECT_TRUE(flash_decode_applies(p, k));
     EXPECT_GT(flash_decode_kv_splits(p, k), 1);
@@ -123,8 +123,8 @@ TEST_P(FlashDecode, WindowsMatchReferenceAndKeepBitsAcrossThreads) {
         std::vector<float> one, two;
         o.threads = 1;
         AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
-        ASSERT_TRUE(flash_decode_applies(flash_problem(c, o), kernels_for(isa(), Precision::bf16)) ||
-                    kernels_for(isa(), Precision::bf16).decode_qk_rows == nullptr);
+        ASSERT_TRUE(flash_decode_applies(flash_problem(c, o), decode_kernels_for(isa(), Precision::bf16)) ||
+                    decode_kernels_for(isa(), Precision::bf16).decode_qk_rows == nullptr);
         const ErrorReport r = testing::run_flash_window_and_check(c, o, w, isa(), &one);
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << " " << testing::to_string(w) << " block_kv " << bkv
                           << ": " << r.describe();

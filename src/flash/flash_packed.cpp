@@ -230,7 +230,7 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, const P
 void flash_attention(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return;
   // A few query rows per kv head (decode): rows streamed in address order, no packing.
-  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+  if (const FlashKernels& kern = decode_kernels_for(isa, p.precision); flash_decode_applies(p, kern))
     return flash_attention_decode(p, kern);
   const Plan plan = make_plan(p, isa);
   SplitPartials parts(plan.work, plan.Mpad, plan.Hp);
@@ -257,14 +257,14 @@ void flash_attention(const Problem& p, Isa isa) {
 
 int flash_max_kv_splits(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return 1;
-  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+  if (const FlashKernels& kern = decode_kernels_for(isa, p.precision); flash_decode_applies(p, kern))
     return flash_decode_kv_splits(p, kern);
   return static_cast<int>(make_plan(p, isa).work.max_splits());
 }
 
 KeySums flash_key_sums(const Problem& p, Isa isa) {
   if (p.B == 0 || p.T == 0) return {1, 0};
-  if (const FlashKernels& kern = kernels_for(isa, p.precision); flash_decode_applies(p, kern))
+  if (const FlashKernels& kern = decode_kernels_for(isa, p.precision); flash_decode_applies(p, kern))
     return flash_decode_key_sums(p, kern);
   return make_plan(p, isa).work.key_sums();
 }

@@ -29,6 +29,7 @@ struct Features {
   bool amx_tile = false, amx_bf16 = false, os_amx = false;  // os_amx: XCR0 tile state + Linux's permission
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
   bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
+  bool intel = false;                   // CPUID vendor "GenuineIntel"
 };
 
 #ifdef FLASHGQA_X86
@@ -56,6 +57,8 @@ Features detect() {
   Features f;
 #ifdef FLASHGQA_X86
   unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  f.intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1u;
   f.fma = (c >> 12) & 1u;
@@ -146,6 +149,8 @@ std::vector<Isa> supported_isas() {
 }
 
 Isa best_isa() { return supported_isas().back(); }
+
+bool bf16_dot_half_rate() { return features().intel; }
 
 void set_isa(Isa isa) {
   if (!isa_supported(isa))

@@ -39,6 +39,12 @@ std::vector<Isa> supported_isas();
 // The best supported path.
 Isa best_isa();
 
+// Whether this CPU's vdpbf16ps issues at half its fp32 FMA rate, so that two FMAs per bf16 pair run
+// faster (Intel cores: 160 vs 333 GFLOP/s measured on an Emerald Rapids-class Xeon; AMD's Zen 4 and
+// Zen 5 issue it at the FMA rate; docs/performance.md, session 9). Read from the CPUID vendor, so a
+// machine always makes the same choice; kernels_for() uses it.
+bool bf16_dot_half_rate();
+
 // The path in use: set_isa's value, else FLASHGQA_ISA's, else best_isa(). Throws Error when
 // FLASHGQA_ISA names an unknown or unsupported path.
 Isa active_isa();

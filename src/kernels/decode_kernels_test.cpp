@@ -13,6 +13,7 @@
 // multiplications are one more rounding each, in the 4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,15 +32,22 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
-constexpr int kHs[] = {40, 64, 128};
+// 40: a partial chunk; 64, 128, 256: the fast paths; 288: Hp past the FMA kernels' split Q rows.
+constexpr int kHs[] = {40, 64, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
+// Every set with decode kernels this machine runs: the paths' own (decode_kernels_for), and on
+// AVX512_BF16 CPUs both of that path's kernel pairs (vdpbf16ps and fp32 FMAs), whichever kernels_for
+// hands out here.
 std::vector<const FlashKernels*> decode_sets() {
   std::vector<const FlashKernels*> out;
-  for (Isa isa : supported_isas()) {
-    const FlashKernels& k = kernels_for(isa, Precision::bf16);
-    if (k.decode_qk_rows && k.decode_pv_rows) out.push_back(&k);
-  }
+  const auto add = [&out](const FlashKernels& k) {
+    if (k.decode_qk_rows && k.decode_pv_rows && std::find(out.begin(), out.end(), &k) == out.end()) out.push_back(&k);
+  };
+  for (Isa isa : supported_isas()) add(decode_kernels_for(isa, Precision::bf16));
+#if defined(__x86_64__)
+  if (isa_supported(Isa::avx512bf16)) add(avx512bf16_kernels()), add(avx512bf16_fma_decode_kernels());
+#endif
   return out;
 }
 
@@ -280,6 +288,37 @@ TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
       ASSERT_NO_FATAL_FAILURE(check_pv(*k, DType::i8, H, rng));
     }
 }
+
+#if defined(__x86_64__)
+// The FMA decode kernels (two fp32 FMAs per bf16 pair, odd element first) against each other and, where
+// bf16_dot_half_rate() (Intel, whose vdpbf16ps rounds each of its two steps in that order), against
+// vdpbf16ps: bitwise the same S and O for operands, weights and sums above 2^-126, every dtype.
+TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
+  if (!isa_supported(Isa::avx512bf16)) GTEST_SKIP() << "no AVX512_BF16 here";
+  std::vector<const FlashKernels*> same = {&avx512bf16_fma_decode_kernels(), &avx512f_decode_kernels()};
+  if (bf16_dot_half_rate()) same.push_back(&avx512bf16_kernels());
+  std::mt19937 rng(18);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i8})
+    for (std::int64_t H : {40, 128, 288})
+      for (std::int64_t n : {1, 17, 64, 333})
+        for (int rows : {1, 4, 8}) {
+          SCOPED_TRACE(std::string(dtype_name(dtype)) + " H " + std::to_string(H) + " n " + std::to_string(n) +
+                       " rows " + std::to_string(rows));
+          const std::int64_t Hp = round_up(H, kHTile), lds = round_up(n, 16) + 16;
+          const Rows r = make_rows(dtype, n, round_up(n, 16), H, rng);
+          const QRows q = make_q(rows, H, Hp, rng);
+          const PvCase c{rows, n, round_up(n, 2), H, Hp, round_up(n, 16) + 32, Hp + 32, true};
+          const std::vector<std::uint16_t> p = make_p(c, rng);
+          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), 0.5f), corr(static_cast<std::size_t>(rows), 0.75f);
+          const std::vector<float> s0 = run_qk(*same[0], q, r, rows, n, H, Hp, 0.125f, lds);
+          const std::vector<float> v0 = run_pv(*same[0], c, p, o0, corr, r);
+          for (std::size_t i = 1; i < same.size(); ++i) {
+            ASSERT_EQ(s0, run_qk(*same[i], q, r, rows, n, H, Hp, 0.125f, lds)) << same[i]->name;
+            ASSERT_EQ(v0, run_pv(*same[i], c, p, o0, corr, r)) << same[i]->name;
+          }
+        }
+}
+#endif
 
 }  // namespace
 }  // namespace flashgqa

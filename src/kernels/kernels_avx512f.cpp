@@ -126,7 +126,40 @@ void pack_v(void* dst, const PackSource& s) {
   }
 }
 
+// The decode set's P: bf16 (nearest even by round_bf16_hi), pairs along keys are words.
+bool softmax_tile_bf16(const SoftmaxTile& t) {
+  auto write = [&t](int r, std::int64_t j, __m512 e0, __m512 e1) {
+    auto* p = static_cast<std::uint16_t*>(t.p) + r * t.ldp + j;
+    const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_hi(e0), 16));
+    const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_hi(e1), 16));
+    _mm512_store_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  };
+  return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+}
+
+void pack_q_row_bf16(void* dst, const PackSource& s) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  for (std::int64_t h = 0; h < s.Hp; h += 32) _mm512_store_si512(d + h, load32_bf16(s.src, s.dtype, h, s.H));
+}
+
 }  // namespace
+
+const FlashKernels& avx512f_decode_kernels() {
+  static const FlashKernels k{.name = "avx512f (decode)",
+                              .operand_bytes = 2,
+                              .mr = 0,
+                              .qk_tile = nullptr,
+                              .pv_tile = nullptr,
+                              .softmax_tile = softmax_tile_bf16,
+                              .exp_n = exp_n,
+                              .softcap_n = softcap_n,
+                              .pack_q_row = pack_q_row_bf16,
+                              .pack_k = nullptr,
+                              .pack_v = nullptr,
+                              .decode_qk_rows = avx512f_decode_qk_rows,
+                              .decode_pv_rows = avx512f_decode_pv_rows};
+  return k;
+}
 
 const FlashKernels& avx512f_kernels() {
   static const FlashKernels k{.name = "avx512f",

@@ -12,7 +12,9 @@ const FlashKernels& kernels_for(Isa isa, Precision precision) {
 #ifdef FLASHGQA_X86_KERNELS
   switch (isa) {
     case Isa::amx: return precision == Precision::bf16 ? amx_kernels() : avx512f_kernels();
-    case Isa::avx512bf16: return precision == Precision::bf16 ? avx512bf16_kernels() : avx512f_kernels();
+    case Isa::avx512bf16:
+      if (precision != Precision::bf16) return avx512f_kernels();
+      return bf16_dot_half_rate() ? avx512bf16_fma_decode_kernels() : avx512bf16_kernels();
     case Isa::avx512f: return avx512f_kernels();
     case Isa::avx2: return avx2_kernels();
     case Isa::portable: return portable_kernels();
@@ -32,6 +34,27 @@ const FlashKernels& kernels_for(Isa isa, Precision precision) {
                 "' is not compiled into this build, expected portable");
 #endif
   return portable_kernels();
+}
+
+#ifdef FLASHGQA_X86_KERNELS
+const FlashKernels& avx512bf16_fma_decode_kernels() {
+  static const FlashKernels k = [] {
+    FlashKernels f = avx512bf16_kernels();
+    f.name = "avx512bf16 (fma decode)";
+    f.decode_qk_rows = avx512bf16_fma_decode_qk_rows;
+    f.decode_pv_rows = avx512bf16_fma_decode_pv_rows;
+    return f;
+  }();
+  return k;
+}
+#endif
+
+const FlashKernels& decode_kernels_for(Isa isa, Precision precision) {
+  const FlashKernels& k = kernels_for(isa, precision);
+#ifdef FLASHGQA_X86_KERNELS
+  if (isa == Isa::avx512f && precision == Precision::bf16) return avx512f_decode_kernels();
+#endif
+  return k;
 }
 
 }  // namespace flashgqa

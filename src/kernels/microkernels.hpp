@@ -82,7 +82,8 @@
 // are read straight from their source rows (any dtype, rounded to bf16 as the packers do, ld elements
 // between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
 // pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
-// of 32). `rows` is 1..kDecodeMaxRows. No software prefetch: reading the rows line after line lets
+// of 32). The decode path takes its set from decode_kernels_for(): a bf16-pair path's own set, or for
+// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is 1..kDecodeMaxRows. No software prefetch: reading the rows line after line lets
 // the hardware prefetchers run the stream (docs/performance.md, decode I).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
 //                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
@@ -253,9 +254,14 @@ struct FlashKernels {
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
 };
 
+// The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
+// when it has decode kernels; for avx512f under Precision::bf16, avx512f_decode_kernels(); otherwise
+// kernels_for's (no decode kernels: the packed path runs). Never given to the packed path.
+const FlashKernels& decode_kernels_for(Isa isa, Precision precision);
+
 // The kernel set for a path and precision: amx / avx512bf16 / neon-bf16 for bf16, otherwise the fp32
 // family of the path (amx and avx512bf16 run Precision::f32 on the avx512f kernels, neon-bf16 on the
-// neon ones). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
+// neon ones). avx512bf16 where bf16_dot_half_rate(): avx512bf16_fma_decode_kernels(). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
 // Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
@@ -268,9 +274,21 @@ const FlashKernels& avx512bf16_kernels();
 const FlashKernels& amx_kernels();
 const FlashKernels& neon_kernels();
 const FlashKernels& neon_bf16_kernels();
-// The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp).
+// The avx512f path's decode set: bf16 pairs (pack_q_row, softmax_tile's P) and decode kernels that
+// multiply-add each pair with two fp32 FMAs (kernels_avx512f_decode_qk.cpp, _pv.cpp); its tile kernels
+// and K/V packers are null. Every AVX-512 CPU runs it.
+const FlashKernels& avx512f_decode_kernels();
+void avx512f_decode_qk_rows(const DecodeQk& t);
+void avx512f_decode_pv_rows(const DecodePv& t);
+// The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp):
+// vdpbf16ps, and (_fma_) two fp32 FMAs per pair, the same bits above 2^-126 where vdpbf16ps rounds
+// each of its two steps (Intel's definition). kernels_for() gives the _fma_ ones where
+// bf16_dot_half_rate(); avx512bf16_fma_decode_kernels() is that set.
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
+void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);
+void avx512bf16_fma_decode_pv_rows(const DecodePv& t);
+const FlashKernels& avx512bf16_fma_decode_kernels();
 // The neon-bf16 set's decode kernels (kernels_neon_bf16_decode_qk.cpp, kernels_neon_bf16_decode_pv.cpp).
 void neon_bf16_decode_qk_rows(const DecodeQk& t);
 void neon_bf16_decode_pv_rows(const DecodePv& t);

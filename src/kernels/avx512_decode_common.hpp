@@ -1,0 +1,198 @@
+// Shared by the AVX-512 decode kernels (contract in microkernels.hpp): the avx512bf16 set's
+// (kernels_avx512bf16_decode_qk.cpp, _pv.cpp: vdpbf16ps) and the avx512f set's
+// (kernels_avx512f_decode_qk.cpp, _pv.cpp: fp32 FMAs on the bf16 pairs split into their halves). K and
+// V are read straight from their rows, whole rows in address order, for tasks of at most
+// kDecodeMaxRows query rows. Included only by those translation units, each compiled with its set's
+// flags (CMakeLists.txt); everything here is in an anonymous namespace, so no unit's code is linked
+// into another's.
+//
+// Decode does ~G FLOPs per K/V byte, so it is bound by the DRAM stream where the multiply-adds keep
+// up: these kernels spend instructions (a transpose-add, permutes or splits) to avoid any packed copy.
+// What decides their speed is the order of the loads and the instructions per key: the hardware
+// prefetchers keep a stream going only when the rows are read line after line, so the kernels issue no
+// software prefetch (docs/performance.md, decode I).
+//
+// The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
+// the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
+// fp32, so each FMA rounds once, as vdpbf16ps rounds each of its two steps (Intel's definition,
+// odd then even): for operands and sums above 2^-126 the two give the same bits. On Intel cores
+// vdpbf16ps issues at half the FMA rate, which makes FmaPairs the faster one there
+// (docs/performance.md, session 9).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/avx512_helpers.hpp"
+#include "kernels/microkernels.hpp"
+#include "kernels/row_count.hpp"
+
+namespace flashgqa {
+namespace {
+namespace decode_avx512 {
+
+constexpr int kQkGroup = 16;  // keys per transpose-add
+constexpr int kPvGroup = 32;  // keys per pass over the columns (8 KiB of bf16 V at H = 128: L1)
+constexpr int kPvFastGroupBytes = 8192;  // of V per group on the fast path (32 keys at H = 128)
+using word_t = std::uint32_t __attribute__((may_alias));
+
+inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
+
+// The two halves of 16 bf16 pairs as fp32: the odd elements (the high half of each word) and the even
+// ones (the low half).
+inline __m512 odd_half(__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }
+inline __m512 even_half(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+
+// 32 int8 values row[h0 .. h0+32) (lanes at or beyond H zero; kFull: all 32 are there) as fp32, each
+// times `scale`: lo holds h0..h0+15, hi the rest.
+template <bool kFull>
+inline void load32_i8_scaled(const char* row, std::int64_t h0, std::int64_t H, __m512 scale, __m512& lo, __m512& hi) {
+  __m128i b0, b1;
+  if constexpr (kFull) {  // two 16-byte loads, each folded into its vpmovsxbd
+    b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0));
+    b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0 + 16));
+  } else {
+    b0 = _mm_maskz_loadu_epi8(first_lanes16(H - h0), row + h0);
+    b1 = _mm_maskz_loadu_epi8(first_lanes16(H - h0 - 16), row + h0 + 16);
+  }
+  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)), scale);
+  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), scale);
+}
+
+#ifdef __AVX512BF16__
+// vdpbf16ps: Q chunks are 32 bf16 as pack_q_row writes them; int8 products rounded by vcvtne2ps2bf16.
+struct DotBf16 {
+  static constexpr int kQChunkBytes = 64;
+  static __m512 mac(__m512 acc, const char* q, __m512i k) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_load_si512(q), (__m512bh)k);
+  }
+  // decode PV: a key pair's P word, broadcast; w the two keys' rows interleaved into pairs (vpermt2w);
+  // the accumulators hold O's columns in order.
+  static constexpr bool kSplitO = false;
+  using Weights = __m512bh;
+  static Weights weights(word_t pw) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(pw)); }
+  struct Pairs {
+    __m512bh lo, hi;  // words (a[c], b[c]) for c in 0..15, and for 16..31
+  };
+  static Pairs pairs(__m512i a, __m512i b) {
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    return {(__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b),
+            (__m512bh)_mm512_permutex2var_epi16(a, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), b)};
+  }
+  static void mac_pv(__m512& acc0, __m512& acc1, Weights x, const Pairs& w) {
+    acc0 = _mm512_dpbf16_ps(acc0, x, w.lo);
+    acc1 = _mm512_dpbf16_ps(acc1, x, w.hi);
+  }
+  template <bool kFull>
+  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+    __m512 lo, hi;
+    load32_i8_scaled<kFull>(row, h0, H, scale, lo, hi);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo
+  }
+};
+#endif
+
+// Two FMAs per pair. kSplitQ: Q chunks are 32 fp32, the 16 odd elements then the 16 even ones
+// (split_q_rows); otherwise 32 bf16 as pack_q_row writes them, split as they are used. int8 products
+// rounded by round_bf16_hi (the same bits as vcvtne2ps2bf16 above 2^-126).
+template <bool kSplitQ>
+struct FmaPairs {
+  static constexpr int kQChunkBytes = kSplitQ ? 128 : 64;
+  static __m512 mac(__m512 acc, const char* q, __m512i k) {
+    __m512 qo, qe;
+    if constexpr (kSplitQ) {
+      qo = _mm512_load_ps(reinterpret_cast<const float*>(q));
+      qe = _mm512_load_ps(reinterpret_cast<const float*>(q) + 16);
+    } else {
+      const __m512i w = _mm512_load_si512(q);
+      qo = odd_half(w), qe = even_half(w);
+    }
+    return _mm512_fmadd_ps(qe, even_half(k), _mm512_fmadd_ps(qo, odd_half(k), acc));
+  }
+  // decode PV: the P word's two weights (key j + 1's, key j's) as fp32 broadcasts; w the two keys' rows
+  // as loaded; the accumulators hold each 32-column chunk of O as its 16 even columns, then its 16 odd
+  // ones (split_o / join_o around the passes).
+  static constexpr bool kSplitO = true;
+  struct Weights {
+    __m512 odd, even;
+  };
+  static Weights weights(word_t pw) {
+    const __m512i x = _mm512_set1_epi32(static_cast<int>(pw));
+    return {odd_half(x), even_half(x)};
+  }
+  struct Pairs {
+    __m512 a_even, a_odd, b_even, b_odd;  // the even and odd columns of key j's row (a) and key j + 1's (b)
+  };
+  static Pairs pairs(__m512i a, __m512i b) { return {even_half(a), odd_half(a), even_half(b), odd_half(b)}; }
+  static void mac_pv(__m512& even_cols, __m512& odd_cols, Weights x, const Pairs& w) {
+    even_cols = _mm512_fmadd_ps(x.even, w.a_even, _mm512_fmadd_ps(x.odd, w.b_even, even_cols));
+    odd_cols = _mm512_fmadd_ps(x.even, w.a_odd, _mm512_fmadd_ps(x.odd, w.b_odd, odd_cols));
+  }
+  template <bool kFull>
+  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+    __m512 lo, hi;
+    load32_i8_scaled<kFull>(row, h0, H, scale, lo, hi);
+    const __m512i l = _mm512_srli_epi32(round_bf16_hi(lo), 16), h = _mm512_srli_epi32(round_bf16_hi(hi), 16);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l)), _mm512_cvtepi32_epi16(h), 1);
+  }
+};
+
+#ifdef __AVX512BF16__
+// FmaPairs with int8 products rounded by vcvtne2ps2bf16, as DotBf16 rounds them: the avx512bf16 set's
+// decode on CPUs whose vdpbf16ps issues at half the FMA rate (bf16_dot_half_rate()).
+template <bool kSplitQ>
+struct FmaPairsCvt : FmaPairs<kSplitQ> {
+  template <bool kFull>
+  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+    return DotBf16::i8_chunk<kFull>(row, h0, H, scale);
+  }
+};
+#endif
+
+// Q rows for FmaPairs<true>: each 32-h chunk of rows [0, rows) of q (pack_q_row's bf16, ldq elements
+// apart) as its 16 odd elements then its 16 even ones in fp32, Hp floats per row (Hp <= kSplitMaxHp).
+constexpr std::int64_t kSplitMaxHp = 256;
+inline void split_q_rows(float* qs, const void* q, std::int64_t ldq, std::int64_t Hp, int rows) {
+  for (int r = 0; r < rows; ++r)
+    for (std::int64_t h = 0; h < Hp; h += 32) {
+      const __m512i w = _mm512_load_si512(static_cast<const std::uint16_t*>(q) + r * ldq + h);
+      _mm512_store_ps(qs + r * Hp + h, odd_half(w));
+      _mm512_store_ps(qs + r * Hp + h + 16, even_half(w));
+    }
+}
+
+// 32 operands of a source row from column h0, as bf16: a plain load when the row is bf16 and H is a
+// multiple of 32 (kPlain), int8 rows times their key's scale (*scale), otherwise converted, rounded
+// and masked by load32_bf16.
+template <typename Mac, bool kPlain>
+inline __m512i load_row32(const char* row, DType dtype, std::int64_t h0, std::int64_t H, const float* scale) {
+  if (kPlain) return _mm512_loadu_si512(reinterpret_cast<const std::uint16_t*>(row) + h0);
+  if (dtype == DType::i8) return Mac::template i8_chunk<false>(row, h0, H, _mm512_set1_ps(*scale));
+  return load32_bf16(row, dtype, h0, H);
+}
+
+// The rows the fast paths read (H = 32 HC, whole chunks): bf16 rows as they are, or int8 rows with
+// their keys' scales. chunk(j, c) is chunk c (32 operands) of key j; at(j) the rows from key j on.
+struct Bf16Rows {
+  const char* base;
+  std::int64_t ld_bytes;
+  Bf16Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes}; }
+  __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
+};
+template <typename Mac>
+struct Int8Rows {
+  const char* base;
+  std::int64_t ld_bytes;  // = elements between keys (one byte each)
+  const float* scale;
+  std::int64_t ld_scale;
+  Int8Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, scale + j * ld_scale, ld_scale}; }
+  __m512i chunk(std::int64_t j, int c) const {
+    return Mac::template i8_chunk<true>(base + j * ld_bytes, 32 * c, 0, _mm512_set1_ps(scale[j * ld_scale]));
+  }
+};
+
+}  // namespace decode_avx512
+}  // namespace
+}  // namespace flashgqa

@@ -1,0 +1,180 @@
+// The AVX-512 decode PV kernel (contract in microkernels.hpp; design in avx512_decode_common.hpp), over
+// a multiply-add policy Mac:
+//   decode_pv_rows: per pair of keys, Mac::pairs arranges the two V rows (DotBf16: interleaved into
+//     bf16 pairs along keys by vpermt2w; FmaPairs: as loaded) and each row's P word (the same two
+//     keys, Mac::weights) is accumulated into the row's accumulators (Mac::mac_pv), loaded from and
+//     stored back to O (L1) once per group of keys. FmaPairs keeps each 32 columns of O as its even
+//     columns then its odd ones for the call (split_o, join_o). The fast path (bf16 or int8 rows,
+//     H = 64, 128, 256, groups of 8 KiB of bf16 V, int8 rows scaled as they are loaded) reads whole
+//     rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32)) or two at H <= 128 when
+//     half the rows' do, else goes 64 columns per pass (32 when R > 4); the generic path goes 64 or 32
+//     columns per pass over groups of 32 keys. Both accumulate each O element's keys in the same order
+//     (per pair the odd key, then the even one): the same bits.
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/avx512_decode_common.hpp"
+
+namespace flashgqa {
+namespace {
+namespace decode_avx512 {
+
+// O[r][0 .. 32 NC) (o at the pass's first column) += sum_{j0 <= j < j1} P[r][j] V[j][...], keys in
+// pairs (j0, j1 even); load(j, c) gives the 32 bf16 operands of chunk c of key j's row (zero for a key
+// that is not there).
+template <typename Mac, int R, int NC, typename Load>
+inline __attribute__((always_inline)) void pv_pass(float* o, std::int64_t ldo, const word_t* p,
+                                                  std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
+                                                  const Load& load) {
+  __m512 acc[R][2 * NC];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_load_ps(o + r * ldo + 16 * c);
+  const word_t* pw = p + j0 / 2;  // the P words of keys (j, j + 1), row r at pw[r ldp_words]
+  for (std::int64_t j = j0; j < j1; j += 2, ++pw) {
+    typename Mac::Weights x[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) x[r] = Mac::weights(pw[r * ldp_words]);
+#pragma GCC unroll 8
+    for (int c = 0; c < NC; ++c) {  // the two rows' chunk c, as Mac::pairs arranges them, into every row
+      const typename Mac::Pairs w = Mac::pairs(load(j, c), load(j + 1, c));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) Mac::mac_pv(acc[r][2 * c], acc[r][2 * c + 1], x[r], w);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < 2 * NC; ++c) _mm512_store_ps(o + r * ldo + 16 * c, acc[r][c]);
+}
+
+template <int R>
+void rescale_o(const DecodePv& t) {
+  for (int r = 0; r < R; ++r) {
+    const __m512 c = _mm512_set1_ps(t.corr[r]);
+    for (std::int64_t h = 0; h < t.Hp; h += 16)
+      _mm512_store_ps(t.o + r * t.ldo + h, _mm512_mul_ps(_mm512_load_ps(t.o + r * t.ldo + h), c));
+  }
+}
+
+// Each 32 columns of O's R rows: in order <-> the 16 even columns, then the 16 odd ones (kSplit).
+template <int R, bool kSplit>
+void permute_o(const DecodePv& t) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int r = 0; r < R; ++r)
+    for (std::int64_t h = 0; h < t.Hp; h += 32) {
+      float* o = t.o + r * t.ldo + h;
+      const __m512 a = _mm512_load_ps(o), b = _mm512_load_ps(o + 16);
+      if constexpr (kSplit) {
+        _mm512_store_ps(o, _mm512_permutex2var_ps(a, even, b));
+        _mm512_store_ps(o + 16, _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b));
+      } else {
+        _mm512_store_ps(o, _mm512_permutex2var_ps(a, lo, b));
+        _mm512_store_ps(o + 16, _mm512_permutex2var_ps(a, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), b));
+      }
+    }
+}
+
+// The generic path: keys [j_begin, nkeys) (j_begin even), any dtype and H.
+template <typename Mac, int R, bool kPlain>
+void pv_rows(const DecodePv& t, std::int64_t j_begin) {
+  const char* v0 = static_cast<const char*>(t.v);
+  const auto* p = static_cast<const word_t*>(t.p);
+  const std::int64_t ld_bytes = t.ldv * elem_bytes(t.v_dtype), ldp_words = t.ldp / 2;
+  // Up to 4 rows: 64 columns per pass (16 accumulators), so each broadcast P word feeds 4 multiply-adds.
+  constexpr int kWide = R <= 4 ? 2 : 1;
+  for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
+    const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
+    std::int64_t h0 = 0;
+    const auto load = [&](std::int64_t j, int c) {
+      const float* vs = t.v_scale != nullptr ? t.v_scale + j * t.ld_scale : nullptr;
+      return j < t.n ? load_row32<Mac, kPlain>(v0 + j * ld_bytes, t.v_dtype, h0 + 32 * c, t.H, vs)
+                     : _mm512_setzero_si512();
+    };
+    for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<Mac, R, kWide>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
+    for (; h0 < t.Hp; h0 += 32) pv_pass<Mac, R, 1>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
+  }
+}
+
+// Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
+// the group's V rows whole, in address order (the second from L1).
+template <typename Mac, int R, int RP, int HC, typename Rows>
+inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
+                                                        std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
+                                                        const Rows& v0) {
+  constexpr int kRows = R < RP ? R : RP;
+  pv_pass<Mac, kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) { return v0.chunk(j, c); });
+  if constexpr (R > RP)
+    pv_row_passes<Mac, R - RP, RP, HC>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0);
+}
+
+// The fast path for bf16 rows with H = Hp = 32 HC: groups of kPvFastGroupBytes of V whose keys are all
+// present, then the generic path for the rest. Where the accumulators of RP = 8 / HC rows over whole
+// rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128), the group goes in
+// one or two passes over whole V rows, each read in address order (two passes only at H <= 128, where
+// they pay: docs/performance.md, decode J); otherwise the columns go in passes of 64 (32 when R > 4)
+// over the group, the later passes from L1. Same sums in the same order as the generic path, so the
+// same bits.
+template <typename Mac, int R, int HC, typename Rows>
+void pv_rows_fast(const DecodePv& t, const Rows& v0) {
+  constexpr int kRowsPerPass = 8 / HC;
+  constexpr bool kWholeRows = R <= kRowsPerPass || (R <= 2 * kRowsPerPass && HC <= 4);
+  constexpr int kWide = R <= 4 ? 2 : 1;  // 32-column chunks per column pass
+  constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC);
+  static_assert(HC % kWide == 0 && kGroup % 2 == 0);
+  const auto* p = static_cast<const word_t*>(t.p);
+  float* const o = t.o;
+  const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
+  const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
+  for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+    if constexpr (kWholeRows) {
+      pv_row_passes<Mac, R, kRowsPerPass, HC>(o, ldo, p, ldp_words, j0, j0 + kGroup, v0);
+    } else {
+#pragma GCC unroll 8
+      for (int c0 = 0; c0 < HC; c0 += kWide)
+        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup,
+                               [&](std::int64_t j, int c) { return v0.chunk(j, c0 + c); });
+    }
+  }
+  if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<Mac, R, true>(t, full);
+  else pv_rows<Mac, R, false>(t, full);
+}
+
+template <typename Mac, int R, int HC>
+void pv_rows_fast_any(const DecodePv& t) {
+  const char* v0 = static_cast<const char*>(t.v);
+  if (t.v_dtype == DType::i8) return pv_rows_fast<Mac, R, HC>(t, Int8Rows<Mac>{v0, t.ldv, t.v_scale, t.ld_scale});
+  pv_rows_fast<Mac, R, HC>(t, Bf16Rows{v0, t.ldv * 2});
+}
+
+template <typename Mac, int R>
+void pv_rows_any(const DecodePv& t) {
+  if (t.corr) rescale_o<R>(t);
+  if constexpr (Mac::kSplitO) permute_o<R, true>(t);
+  if ((t.v_dtype != DType::bf16 && t.v_dtype != DType::i8) || t.H != t.Hp) {
+    pv_rows<Mac, R, false>(t, 0);
+  } else {
+    switch (t.Hp) {
+      case 64: pv_rows_fast_any<Mac, R, 2>(t); break;
+      case 128: pv_rows_fast_any<Mac, R, 4>(t); break;
+      case 256: pv_rows_fast_any<Mac, R, 8>(t); break;
+      default:
+        if (t.v_dtype == DType::bf16) pv_rows<Mac, R, true>(t, 0);
+        else pv_rows<Mac, R, false>(t, 0);
+    }
+  }
+  if constexpr (Mac::kSplitO) permute_o<R, false>(t);
+}
+
+// decode_pv_rows with Mac.
+template <typename Mac>
+void decode_pv_rows(const DecodePv& t) {
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_any<Mac, decltype(r)::value>(t); });
+}
+
+}  // namespace decode_avx512
+}  // namespace
+}  // namespace flashgqa

@@ -1,0 +1,222 @@
+// The AVX-512 decode QK kernel (contract in microkernels.hpp; design in avx512_decode_common.hpp),
+// over a multiply-add policy Mac (vdpbf16ps, or two FMAs per pair: the same bits above 2^-126):
+//   decode_qk_rows: the rows go in blocks of RB = 8, 4, 2, 1 (R = 4: one block); per block and per
+//     16 / RB keys, 16 accumulators (one per (row, key)) take Mac::mac(q[r] chunk, k[j] chunk) over
+//     the Hp/32 chunks of 32 h, then a 16x16 transpose-add turns them into 16 logits (RB rows x 16 / RB
+//     keys). Each logit's lanes are summed in the same fixed order whatever its slot. The fast path
+//     (bf16 or int8 rows, H = 64, 128, 256, whole groups of 16 keys) reads each K row whole
+//     (key-major, Q chunks from L1) with every size a constant, int8 chunks scaled and rounded as
+//     they are loaded; the generic path (other dtypes and H, the last partial group) converts and
+//     masks chunk by chunk. Both give the same bits.
+// Q rows: Q[r] chunk c at q + r ldq_bytes + c Mac::kQChunkBytes (QRows).
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/avx512_decode_common.hpp"
+
+namespace flashgqa {
+namespace {
+namespace decode_avx512 {
+
+struct QRows {
+  const char* q;
+  std::int64_t ld_bytes;
+};
+
+// out lane j = sum of the 16 lanes of v[j] (v is clobbered).
+inline __m512 transpose_add16(__m512 v[16]) {
+  __m512 t[8];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's partial sums of keys 4i..4i+3
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // Sum the four 128-bit lanes: pairs of lanes, then the pairs.
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
+// Lane r KG + j of v (KG = 16 / RB) to s[r lds + j]: the RB x KG logits of one transpose-add.
+template <int RB>
+inline __attribute__((always_inline)) void store_logits(float* s, std::int64_t lds, __m512 v) {
+  if constexpr (RB == 1) {
+    _mm512_storeu_ps(s, v);
+  } else if constexpr (RB == 2) {
+    _mm256_storeu_ps(s, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(s + lds, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  } else if constexpr (RB == 4) {
+    _mm_storeu_ps(s, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(s + lds, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(s + 2 * lds, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(s + 3 * lds, _mm512_extractf32x4_ps(v, 3));
+  } else {
+    static_assert(RB == 8);
+    const __m128 x[4] = {_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 1), _mm512_extractf32x4_ps(v, 2),
+                         _mm512_extractf32x4_ps(v, 3)};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {  // rows 2i and 2i + 1
+      _mm_storel_pi(reinterpret_cast<__m64*>(s + 2 * i * lds), x[i]);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(s + (2 * i + 1) * lds), x[i]);
+    }
+  }
+}
+
+// S[r0 + r][j0 + j] for RB rows and KG = 16 / RB keys (lane r KG + j of one transpose-add); keys
+// j >= nj of the group are zero. Each K chunk is loaded once and feeds the RB rows' accumulators.
+template <typename Mac, int RB, bool kPlain, bool kFull>
+inline void qk_block(const DecodeQk& t, QRows qr, const char* kr, std::int64_t ld_bytes, int r0, std::int64_t j0,
+                     int nj) {
+  constexpr int KG = kQkGroup / RB;
+  const char* q = qr.q + r0 * qr.ld_bytes;
+  __m512 acc[kQkGroup];
+#pragma GCC unroll 16
+  for (int i = 0; i < kQkGroup; ++i) acc[i] = _mm512_setzero_ps();
+  if (kFull || nj > 0) {
+#pragma GCC unroll 8
+    for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 32) {
+      const char* qc = q + h0 / 32 * Mac::kQChunkBytes;
+#pragma GCC unroll 16
+      for (int j = 0; j < KG; ++j) {
+        const float* ks = t.k_scale != nullptr ? t.k_scale + (j0 + j) * t.ld_scale : nullptr;
+        const __m512i kc = kFull || j < nj ? load_row32<Mac, kPlain>(kr + j * ld_bytes, t.k_dtype, h0, t.H, ks)
+                                           : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; ++r) acc[r * KG + j] = Mac::mac(acc[r * KG + j], qc + r * qr.ld_bytes, kc);
+      }
+    }
+  }
+  store_logits<RB>(t.s + r0 * t.lds + j0, t.lds, _mm512_mul_ps(transpose_add16(acc), _mm512_set1_ps(t.scale)));
+}
+
+// S[r0 .. r0+RB)[j0 .. j0+16): sub-groups of 16 / RB keys; keys j >= nj of the group are zero.
+template <typename Mac, int RB, bool kPlain>
+inline void qk_rows_block(const DecodeQk& t, QRows qr, const char* k0, std::int64_t ld_bytes, int r0, std::int64_t j0,
+                          int nj) {
+  constexpr int KG = kQkGroup / RB;
+  if (nj >= kQkGroup) {
+#pragma GCC unroll 8
+    for (int jj = 0; jj < kQkGroup; jj += KG)
+      qk_block<Mac, RB, kPlain, true>(t, qr, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, KG);
+    return;
+  }
+  for (int jj = 0; jj < kQkGroup; jj += KG)
+    qk_block<Mac, RB, kPlain, false>(t, qr, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, nj - jj);
+}
+
+// S[r][j0 .. j0+16) for R rows, in row blocks of 8, 4, 2, 1.
+template <typename Mac, int R, bool kPlain>
+inline void qk_group(const DecodeQk& t, QRows qr, const char* k0, std::int64_t ld_bytes, std::int64_t j0, int nj) {
+  int r0 = 0;
+  if constexpr (R >= 8) { qk_rows_block<Mac, 8, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 8; }
+  if constexpr (R % 8 >= 4) { qk_rows_block<Mac, 4, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 4; }
+  if constexpr (R % 4 >= 2) { qk_rows_block<Mac, 2, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 2; }
+  if constexpr (R % 2 == 1) qk_rows_block<Mac, 1, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj);
+}
+
+// The generic path: S[r][j] for j in [j_begin, n), any dtype and H.
+template <typename Mac, int R, bool kPlain>
+void qk_rows(const DecodeQk& t, QRows qr, std::int64_t j_begin) {
+  const char* k0 = static_cast<const char*>(t.k);
+  const std::int64_t ld_bytes = t.ldk * elem_bytes(t.k_dtype);
+  for (std::int64_t j0 = j_begin; j0 < t.n; j0 += kQkGroup) {
+    const std::int64_t nj = t.n - j0;
+    qk_group<Mac, R, kPlain>(t, qr, k0, ld_bytes, j0, nj >= kQkGroup ? kQkGroup : static_cast<int>(nj));
+  }
+}
+
+// The fast path for bf16 rows with H = Hp = 32 HC: whole groups of 16 keys, everything a compile-time
+// constant but the pointers, each transpose-add's accumulators in registers. Each key's row is read
+// whole, in address order (key-major: the hardware prefetchers follow a sequential stream, which they
+// did not when the rows were read chunk by chunk across keys; docs/performance.md); the Q chunks come
+// from L1. Same sums in the same order as qk_block, so the same bits.
+template <typename Mac, int RB, int HC, typename Rows>
+inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr) {
+  constexpr int KG = kQkGroup / RB;
+  __m512 acc[kQkGroup];
+#pragma GCC unroll 16
+  for (int i = 0; i < kQkGroup; ++i) acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int j = 0; j < KG; ++j)
+#pragma GCC unroll 8
+    for (int c = 0; c < HC; ++c) {
+      const __m512i kc = kr.chunk(j, c);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r)
+        acc[r * KG + j] = Mac::mac(acc[r * KG + j], q + r * ldq_bytes + c * Mac::kQChunkBytes, kc);
+    }
+  return transpose_add16(acc);
+}
+
+template <typename Mac, int RB, int HC, typename Rows>
+inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr,
+                                                             float* s, std::int64_t lds, __m512 scale) {
+  constexpr int KG = kQkGroup / RB;
+#pragma GCC unroll 16
+  for (int jj = 0; jj < kQkGroup; jj += KG)
+    store_logits<RB>(s + jj, lds, _mm512_mul_ps(qk_sums_fast<Mac, RB, HC>(q, ldq_bytes, kr.at(jj)), scale));
+}
+
+// Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums).
+template <typename Mac, int R, int HC, typename Rows>
+void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
+  const char* q = qr.q;
+  float* const s = t.s;
+  const std::int64_t ldq = qr.ld_bytes, lds = t.lds;
+  const std::int64_t full = t.n / kQkGroup * kQkGroup;
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
+    const Rows kr = k0.at(j0);
+    int r0 = 0;  // row blocks of 8, 4, 2, 1
+    if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, ldq, kr, s + j0, lds, scale); r0 += 8; }
+    if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 4; }
+    if constexpr (R % 4 >= 2) { qk_rows_block_fast<Mac, 2, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 2; }
+    if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale);
+  }
+  if (full < t.n) {
+    if constexpr (std::is_same_v<Rows, Bf16Rows>) qk_rows<Mac, R, true>(t, qr, full);
+    else qk_rows<Mac, R, false>(t, qr, full);
+  }
+}
+
+template <typename Mac, int R, int HC>
+void qk_rows_fast_any(const DecodeQk& t, QRows qr) {
+  const char* k0 = static_cast<const char*>(t.k);
+  if (t.k_dtype == DType::i8) return qk_rows_fast<Mac, R, HC>(t, qr, Int8Rows<Mac>{k0, t.ldk, t.k_scale, t.ld_scale});
+  qk_rows_fast<Mac, R, HC>(t, qr, Bf16Rows{k0, t.ldk * 2});
+}
+
+template <typename Mac, int R>
+void qk_rows_any(const DecodeQk& t, QRows qr) {
+  if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<Mac, R, false>(t, qr, 0);
+  switch (t.Hp) {
+    case 64: return qk_rows_fast_any<Mac, R, 2>(t, qr);
+    case 128: return qk_rows_fast_any<Mac, R, 4>(t, qr);
+    case 256: return qk_rows_fast_any<Mac, R, 8>(t, qr);
+    default: return t.k_dtype == DType::bf16 ? qk_rows<Mac, R, true>(t, qr, 0) : qk_rows<Mac, R, false>(t, qr, 0);
+  }
+}
+
+// decode_qk_rows with Mac, Q rows as qr.
+template <typename Mac>
+void decode_qk_rows(const DecodeQk& t, QRows qr) {
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<Mac, decltype(r)::value>(t, qr); });
+}
+
+// decode_qk_rows with two FMAs per pair (Fma<kSplitQ>: FmaPairs or FmaPairsCvt): up to kSplitMaxHp
+// the Q rows are split once per call (split_q_rows), so the per-key loop only splits K; wider rows
+// split Q as they use it (the same bits).
+template <template <bool> class Fma>
+void decode_qk_rows_fma(const DecodeQk& t) {
+  if (t.Hp > kSplitMaxHp) return decode_qk_rows<Fma<false>>(t, {static_cast<const char*>(t.q), t.ldq * 2});
+  alignas(64) float qs[kDecodeMaxRows * kSplitMaxHp];
+  split_q_rows(qs, t.q, t.ldq, t.Hp, t.rows);
+  decode_qk_rows<Fma<true>>(t, {reinterpret_cast<const char*>(qs), t.Hp * 4});
+}
+
+}  // namespace decode_avx512
+}  // namespace
+}  // namespace flashgqa
