@@ -21,5 +21,6 @@ NB_MODULE(_flashgqa_study, m) {
       },
       nb::arg("threads"), nb::arg("repeats") = 5,
       "(median, min, max) FLOP/s of the bf16 matmul instruction (AMX's tdpbf16ps, vdpbf16ps, or the "
-      "fp32 FMA without them) on `threads` threads, each run about 0.1 s.");
+      "fp32 FMA without them or where vdpbf16ps runs at half its rate) on `threads` threads, each run "
+      "about 0.1 s.");
 }

@@ -42,7 +42,7 @@ Isa best_isa();
 // Whether this CPU's vdpbf16ps issues at half its fp32 FMA rate, so that two FMAs per bf16 pair run
 // faster (Intel cores: 160 vs 333 GFLOP/s measured on an Emerald Rapids-class Xeon; AMD's Zen 4 and
 // Zen 5 issue it at the FMA rate; docs/performance.md, session 9). Read from the CPUID vendor, so a
-// machine always makes the same choice; kernels_for() uses it.
+// machine always makes the same choice; kernels_for() and decode_kernels_for() use it.
 bool bf16_dot_half_rate();
 
 // The path in use: set_isa's value, else FLASHGQA_ISA's, else best_isa(). Throws Error when

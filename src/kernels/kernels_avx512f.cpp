@@ -1,5 +1,6 @@
 // The AVX-512F kernel set (fp32 operand family, contract in microkernels.hpp): for CPUs with AVX-512
-// but no AVX512_BF16, and for Precision::f32 on every AVX-512 CPU.
+// but no AVX512_BF16, for Precision::bf16 where vdpbf16ps is half rate (bf16_dot_half_rate()), and for
+// Precision::f32 on every AVX-512 CPU. avx512f_decode_kernels() below is the path's decode set.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c (CMakeLists.txt, this file
 // only).
 //

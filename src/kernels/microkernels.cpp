@@ -12,9 +12,8 @@ const FlashKernels& kernels_for(Isa isa, Precision precision) {
 #ifdef FLASHGQA_X86_KERNELS
   switch (isa) {
     case Isa::amx: return precision == Precision::bf16 ? amx_kernels() : avx512f_kernels();
-    case Isa::avx512bf16:
-      if (precision != Precision::bf16) return avx512f_kernels();
-      return bf16_dot_half_rate() ? avx512bf16_fma_decode_kernels() : avx512bf16_kernels();
+    case Isa::avx512bf16:  // where vdpbf16ps is half rate, the fp32 FMAs are faster (see the header)
+      return precision == Precision::bf16 && !bf16_dot_half_rate() ? avx512bf16_kernels() : avx512f_kernels();
     case Isa::avx512f: return avx512f_kernels();
     case Isa::avx2: return avx2_kernels();
     case Isa::portable: return portable_kernels();
@@ -52,7 +51,10 @@ const FlashKernels& avx512bf16_fma_decode_kernels() {
 const FlashKernels& decode_kernels_for(Isa isa, Precision precision) {
   const FlashKernels& k = kernels_for(isa, precision);
 #ifdef FLASHGQA_X86_KERNELS
-  if (isa == Isa::avx512f && precision == Precision::bf16) return avx512f_decode_kernels();
+  if (precision == Precision::bf16) {
+    if (isa == Isa::avx512f) return avx512f_decode_kernels();
+    if (isa == Isa::avx512bf16 && bf16_dot_half_rate()) return avx512bf16_fma_decode_kernels();
+  }
 #endif
   return k;
 }

@@ -255,13 +255,18 @@ struct FlashKernels {
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
-// when it has decode kernels; for avx512f under Precision::bf16, avx512f_decode_kernels(); otherwise
-// kernels_for's (no decode kernels: the packed path runs). Never given to the packed path.
+// when it has decode kernels; under Precision::bf16 for avx512f, avx512f_decode_kernels(), and for
+// avx512bf16 where bf16_dot_half_rate(), avx512bf16_fma_decode_kernels(); otherwise kernels_for's
+// (no decode kernels: the packed path runs). Never given to the packed path.
 const FlashKernels& decode_kernels_for(Isa isa, Precision precision);
 
 // The kernel set for a path and precision: amx / avx512bf16 / neon-bf16 for bf16, otherwise the fp32
 // family of the path (amx and avx512bf16 run Precision::f32 on the avx512f kernels, neon-bf16 on the
-// neon ones). avx512bf16 where bf16_dot_half_rate(): avx512bf16_fma_decode_kernels(). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
+// neon ones). Where bf16_dot_half_rate() (vdpbf16ps at half the FMA rate: Intel without AMX tiles in
+// use), avx512bf16 runs the packed path and the backward on the avx512f set too: its tiles, on
+// operands widened once when packed, ran flash 1.43x (causal 1.49x) faster than vdpbf16ps's on such
+// a Xeon (docs/performance.md, sessions 8 and 9); its decode stays on bf16 pairs
+// (decode_kernels_for). The avx512bf16 set itself is still tested there (microkernels_test.cpp). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
 // Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
@@ -282,8 +287,8 @@ void avx512f_decode_qk_rows(const DecodeQk& t);
 void avx512f_decode_pv_rows(const DecodePv& t);
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp):
 // vdpbf16ps, and (_fma_) two fp32 FMAs per pair, the same bits above 2^-126 where vdpbf16ps rounds
-// each of its two steps (Intel's definition). kernels_for() gives the _fma_ ones where
-// bf16_dot_half_rate(); avx512bf16_fma_decode_kernels() is that set.
+// each of its two steps (Intel's definition). decode_kernels_for() gives the _fma_ ones where
+// bf16_dot_half_rate(); avx512bf16_fma_decode_kernels() is the avx512bf16 set with them.
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);

@@ -27,17 +27,24 @@ constexpr float kSentinel = -12345.0f;  // where a kernel must not write
 struct KernelCase {
   Isa isa;
   Precision precision;
+  const FlashKernels* kern;
 };
 
+// Every (path, precision) this machine runs, with kernels_for's set; and on AVX512_BF16 CPUs the
+// avx512bf16 set itself too, where kernels_for hands out the fp32 one (bf16_dot_half_rate()).
 std::vector<KernelCase> supported_cases() {
   std::vector<KernelCase> out;
   for (Isa isa : supported_isas())
-    for (Precision p : {Precision::bf16, Precision::f32}) out.push_back({isa, p});
+    for (Precision p : {Precision::bf16, Precision::f32}) out.push_back({isa, p, &kernels_for(isa, p)});
+#if defined(__x86_64__)
+  if (isa_supported(Isa::avx512bf16) && &kernels_for(Isa::avx512bf16, Precision::bf16) != &avx512bf16_kernels())
+    out.push_back({Isa::avx512bf16, Precision::bf16, &avx512bf16_kernels()});
+#endif
   return out;
 }
 
 std::string name(const KernelCase& c) {
-  return std::string(isa_name(c.isa)) + "/" + precision_name(c.precision);
+  return std::string(isa_name(c.isa)) + "/" + precision_name(c.precision) + " (" + c.kern->name + ")";
 }
 
 // Rows of random values stored in `dtype`, row stride ld elements.
@@ -74,7 +81,7 @@ struct Rows {
 TEST(Microkernels, QkTileMatchesScalarModel) {
   std::mt19937 rng(1);
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     const std::int64_t ob = k.operand_bytes;
     for (DType dtype : {DType::f32, DType::bf16, DType::f16})
       for (std::int64_t H : {1, 17, 64, 80, 128})
@@ -119,7 +126,7 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     const std::int64_t ob = k.operand_bytes;
     for (DType dtype : {DType::f32, DType::bf16})
       for (std::int64_t H : {16, 64, 96})
@@ -178,7 +185,7 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
 // Rows 1..mr, nkeys short of the panel.
 TEST(Microkernels, TilesTouchOnlyTheirRowsAndKeys) {
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     const std::int64_t ob = k.operand_bytes, Hp = 64, npad = 64, nkeys = 38, lds = npad + 16;
     const auto put = [ob](void* base, std::int64_t i, float x) {
       if (ob == 2)
@@ -225,7 +232,7 @@ TEST(Microkernels, SoftmaxTileMatchesScalarModel) {
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     const std::int64_t ob = k.operand_bytes, n = 96;
     AlignedBuffer s(static_cast<std::size_t>(k.mr * n * 4)), p(static_cast<std::size_t>(k.mr * n * ob));
     for (bool masked : {false, true}) {
@@ -294,7 +301,7 @@ TEST(Microkernels, ExpMeetsItsDocumentedBound) {
   for (float v = -103.0f; v <= 88.0f; v += 0.0137f) x.push_back(v);
   for (float v = -1.0f; v <= 1.0f; v += 1.0f / 1024) x.push_back(v);
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     std::vector<float> y(x.size());
     k.exp_n(y.data(), x.data(), static_cast<std::int64_t>(x.size()));
     double worst = 0;  // relative error in units of the documented bound
@@ -325,7 +332,7 @@ TEST(Microkernels, SoftcapMeetsItsDocumentedBound) {
   for (float v = -12.0f; v <= 12.0f; v += 0.00071f) y.push_back(v);
   for (float v = 1e-30f; v < 1.0f; v *= 1.013f) y.push_back(v), y.push_back(-v);
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     for (const float cap : {1.0f, 50.0f, 0.37f}) {
       std::vector<float> x(y.size());
       for (std::size_t i = 0; i < y.size(); ++i) x[i] = y[i] * cap;
@@ -371,7 +378,7 @@ TEST(Microkernels, PackingRoundsLikeTheReference) {
                           65504.0f,    3.4e38f,     1.2345678f, -0.0f};
   for (const KernelCase& kc : supported_cases()) {
     if (kc.precision != Precision::bf16) continue;
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     const std::int64_t ob = k.operand_bytes, H = 32, Hp = 32, n = 8;
     std::vector<float> src(static_cast<std::size_t>(n * H), 0.0f);
     for (std::int64_t j = 0; j < n; ++j) src[static_cast<std::size_t>(j * H + 3)] = inputs[j];
@@ -401,7 +408,7 @@ TEST(Microkernels, PackingRoundsLikeTheReference) {
 // dP outside each row's keys (never read as values).
 TEST(Microkernels, SoftmaxGradPackMatchesTheUnfusedSteps) {
   for (const KernelCase& kc : supported_cases()) {
-    const FlashKernels& k = kernels_for(kc.isa, kc.precision);
+    const FlashKernels& k = *kc.kern;
     if (k.softmax_grad_pack == nullptr || kc.precision != Precision::bf16) continue;
     constexpr int rows = 13, split = 12;  // rows [0, 12) then [12, 13)
     const std::int64_t n = 96, rpad = padded_keys(rows), ob = k.operand_bytes;

@@ -52,8 +52,9 @@ double f32_fma_loop_portable(long iterations, float* sink) {
 
 namespace {
 
-// v2: DRAM = the better of two read loops; v3: the bf16 peak is AMX's where the CPU has it.
-constexpr const char* kHeader = "# flashgqa ceilings v3";
+// v2: DRAM = the better of two read loops; v3: the bf16 peak is AMX's where the CPU has it; v4: the
+// fp32 FMA's where vdpbf16ps is half rate and no AMX (the path runs bf16 widened there).
+constexpr const char* kHeader = "# flashgqa ceilings v4";
 
 std::atomic<long> g_sink_bytes{0};  // keeps the measured loops' results alive
 
@@ -170,9 +171,14 @@ Ceiling measure_f32_peak(int threads, int repeats) {
   return measure(threads, repeats, [](int) { return fma_run(); });
 }
 
+// Where kernels_for runs bf16 on fp32 FMAs though the CPU has AVX512_BF16 (bf16_dot_half_rate(), no AMX).
+static bool bf16_widened_on_fma() {
+  return isa_supported(Isa::avx512bf16) && !isa_supported(Isa::amx) && bf16_dot_half_rate();
+}
+
 Ceiling measure_bf16_peak(int threads, int repeats) {
 #if defined(FLASHGQA_X86_CEILINGS)
-  if (!isa_supported(Isa::avx512bf16)) return measure_f32_peak(threads, repeats);
+  if (!isa_supported(Isa::avx512bf16) || bf16_widened_on_fma()) return measure_f32_peak(threads, repeats);
   // AMX: 400k steps of 4 tdpbf16ps (~12 ms on one core), the vdpbf16ps loop 2M steps of 16.
   const auto loop = isa_supported(Isa::amx) ? [](long, float* sink) { return detail::amx_dot_loop(400'000, sink); }
                                             : detail::bf16_dot_loop;
@@ -222,6 +228,7 @@ Ceilings measure_ceilings(int threads, int repeats) {
   c.cpu = cpu_model();
   c.threads = threads;
   c.bf16_instruction = isa_supported(Isa::amx)          ? "tdpbf16ps (AMX)"
+                       : bf16_widened_on_fma() ? "vfmadd231ps zmm (bf16 widened; vdpbf16ps is half rate here)"
                        : isa_supported(Isa::avx512bf16) ? "vdpbf16ps"
                        : isa_supported(Isa::neon_bf16)  ? "bfdot v.4s"
                        : isa_supported(Isa::avx512f)  ? "vfmadd231ps zmm (bf16 widened)"

@@ -31,7 +31,8 @@ Ceilings measure_ceilings(int threads, int repeats = 5);
 
 // The single ceilings, each over `repeats` runs after a warm-up on `threads` threads (the benchmark
 // measures them right before each of its runs).
-Ceiling measure_bf16_peak(int threads, int repeats);  // tdpbf16ps / vdpbf16ps / BFDOT, or the fp32 FMA
+// tdpbf16ps / vdpbf16ps / BFDOT, or the fp32 FMA (no bf16 instruction, or vdpbf16ps at half its rate)
+Ceiling measure_bf16_peak(int threads, int repeats);
 Ceiling measure_f32_peak(int threads, int repeats);
 // 128 MiB streamed per thread, by two loops: plain loads, and plain loads plus a prefetch of each
 // 4 KiB page kDramPageAhead bytes before it is read (on this VM the hardware prefetchers restart at
