@@ -1,5 +1,5 @@
 // Shared by the AVX-512 decode kernels (contract in microkernels.hpp): the avx512bf16 set's
-// (kernels_avx512bf16_decode_qk.cpp, _pv.cpp: vdpbf16ps) and the avx512f set's
+// (kernels_avx512bf16_decode_qk.cpp, _pv.cpp: vdpbf16ps, or FMAs where it is half rate) and the avx512f set's
 // (kernels_avx512f_decode_qk.cpp, _pv.cpp: fp32 FMAs on the bf16 pairs split into their halves). K and
 // V are read straight from their rows, whole rows in address order, for tasks of at most
 // kDecodeMaxRows query rows. Included only by those translation units, each compiled with its set's

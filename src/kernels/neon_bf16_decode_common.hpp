@@ -3,7 +3,7 @@
 // most kDecodeMaxRows query rows. Included only by those two translation units, which are compiled with
 // the flags of kernels_neon_bf16.cpp (-march=armv8.2-a+bf16, CMakeLists.txt).
 //
-// As on x86 (avx512bf16_decode_common.hpp), decode does ~G FLOPs per K/V byte: it is bound by the DRAM
+// As on x86 (avx512_decode_common.hpp), decode does ~G FLOPs per K/V byte: it is bound by the DRAM
 // stream, not by BFDOT. The kernels convert each 8-element chunk of a source row to bf16 in registers
 // (no packed copy), read rows in address order and issue no software prefetch (docs/performance.md,
 // decode I). A chunk is 8 bf16 operands: one q register, four BFDOT lanes of two operands each.
