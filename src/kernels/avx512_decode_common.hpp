@@ -134,8 +134,7 @@ struct FmaPairs {
   static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
     __m512 lo, hi;
     load32_i8_scaled<kFull>(row, h0, H, scale, lo, hi);
-    const __m512i l = _mm512_srli_epi32(round_bf16_hi(lo), 16), h = _mm512_srli_epi32(round_bf16_hi(hi), 16);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l)), _mm512_cvtepi32_epi16(h), 1);
+    return round2_bf16(lo, hi);
   }
 };
 

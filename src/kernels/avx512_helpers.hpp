@@ -63,6 +63,13 @@ inline __m512 load16_operand(const void* row, const PackSource& s, std::int64_t 
   return s.round_bf16 ? _mm512_castsi512_ps(round_bf16_hi(x)) : x;
 }
 
+// lo (lanes 0..15) and hi (16..31) rounded to nearest even bf16 by round_bf16_hi, as 32 bf16 lanes
+// (without AVX512_BF16's vcvtne2ps2bf16, which gives the same bits above 2^-126).
+inline __m512i round2_bf16(__m512 lo, __m512 hi) {
+  const __m512i l = _mm512_srli_epi32(round_bf16_hi(lo), 16), h = _mm512_srli_epi32(round_bf16_hi(hi), 16);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l)), _mm512_cvtepi32_epi16(h), 1);
+}
+
 // 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).
 inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
   if (dtype == DType::bf16) {
@@ -70,9 +77,7 @@ inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::i
     const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
     return _mm512_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
   }
-  const __m512i lo = _mm512_srli_epi32(round_bf16_hi(load16_f32(row, dtype, h0, H)), 16);
-  const __m512i hi = _mm512_srli_epi32(round_bf16_hi(load16_f32(row, dtype, h0 + 16, H)), 16);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+  return round2_bf16(load16_f32(row, dtype, h0, H), load16_f32(row, dtype, h0 + 16, H));
 }
 
 // In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i.

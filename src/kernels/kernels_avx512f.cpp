@@ -130,10 +130,7 @@ void pack_v(void* dst, const PackSource& s) {
 // The decode set's P: bf16 (nearest even by round_bf16_hi), pairs along keys are words.
 bool softmax_tile_bf16(const SoftmaxTile& t) {
   auto write = [&t](int r, std::int64_t j, __m512 e0, __m512 e1) {
-    auto* p = static_cast<std::uint16_t*>(t.p) + r * t.ldp + j;
-    const __m256i lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_hi(e0), 16));
-    const __m256i hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_bf16_hi(e1), 16));
-    _mm512_store_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    _mm512_store_si512(static_cast<std::uint16_t*>(t.p) + r * t.ldp + j, round2_bf16(e0, e1));
   };
   return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
 }
