@@ -142,13 +142,15 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     const char* row = row_at(s);
     const PieceScales scales = scales_at(s);
     // Small pages lie anywhere: the hardware prefetchers lose the stream at each one, so fetch the
-    // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied.
+    // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied. Into L2, not
+    // L1 (locality 2, prefetcht1): on Zen 4 that read page 16 1.2x faster (docs/performance.md,
+    // session 10), as the L1's few miss buffers no longer hold the prefetches back.
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
     if (gathered && ahead < s0 + n) {
       const char* next = row_at(ahead);
       for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
         for (std::int64_t c = 0; c < row_bytes; c += 64)
-          __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c);
+          __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c, 0, 2);
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
       if (const PieceScales next_scales = scales_at(ahead); next_scales.scale != nullptr)
         for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); j += 16)
