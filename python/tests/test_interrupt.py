@@ -8,13 +8,17 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 import flashgqa
 
 # A forward of ~2e13 FLOP: tens of seconds on 2 cores, so SIGINT lands mid-call.
+# A process started in the background by a non-interactive shell inherits SIGINT ignored, and Python
+# then installs no KeyboardInterrupt handler: the child and the in-process test put Python's own back.
 CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import numpy as np, ml_dtypes, flashgqa
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     B, K, G, T, H = 1, 8, 4, 32768, 128
     q = np.ones((B, K, G, T, H), ml_dtypes.bfloat16)
     k = np.ones((B, K, T, H), ml_dtypes.bfloat16)
@@ -60,7 +64,14 @@ def test_ctrl_c_interrupts_the_naive_rung():
     assert "interrupted after" in out, (out, err)
 
 
-def test_a_call_without_ctrl_c_is_unaffected_and_python_keeps_its_handler():
+@pytest.fixture
+def python_sigint_handler():
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_call_without_ctrl_c_is_unaffected_and_python_keeps_its_handler(python_sigint_handler):
     handler = signal.getsignal(signal.SIGINT)
     q = np.random.default_rng(0).standard_normal((1, 2, 2, 33, 64), dtype=np.float32)
     k = np.random.default_rng(1).standard_normal((1, 2, 40, 64), dtype=np.float32)

@@ -189,6 +189,13 @@ void qk_rows_fast_any(const DecodeQk& t, QRows qr) {
   qk_rows_fast<Mac, R, HC>(t, qr, Bf16Rows{k0, t.ldk * 2});
 }
 
+// The generic path for every key: plain loads where the rows are bf16 and H a multiple of 32.
+template <typename Mac, int R>
+void qk_rows_generic(const DecodeQk& t, QRows qr) {
+  if (t.k_dtype == DType::bf16 && t.H == t.Hp) return qk_rows<Mac, R, true>(t, qr, 0);
+  qk_rows<Mac, R, false>(t, qr, 0);
+}
+
 template <typename Mac, int R>
 void qk_rows_any(const DecodeQk& t, QRows qr) {
   if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<Mac, R, false>(t, qr, 0);
@@ -196,7 +203,7 @@ void qk_rows_any(const DecodeQk& t, QRows qr) {
     case 64: return qk_rows_fast_any<Mac, R, 2>(t, qr);
     case 128: return qk_rows_fast_any<Mac, R, 4>(t, qr);
     case 256: return qk_rows_fast_any<Mac, R, 8>(t, qr);
-    default: return t.k_dtype == DType::bf16 ? qk_rows<Mac, R, true>(t, qr, 0) : qk_rows<Mac, R, false>(t, qr, 0);
+    default: return qk_rows_generic<Mac, R>(t, qr);
   }
 }
 
@@ -208,10 +215,14 @@ void decode_qk_rows(const DecodeQk& t, QRows qr) {
 
 // decode_qk_rows with two FMAs per pair (Fma<kSplitQ>: FmaPairs or FmaPairsCvt): up to kSplitMaxHp
 // the Q rows are split once per call (split_q_rows), so the per-key loop only splits K; wider rows
-// split Q as they use it (the same bits).
+// split Q as they use it (the same bits), on the generic path, the only one they can take (the fast
+// paths stop at H = 256): instantiating the fast ones for them too doubled this file's compile time.
 template <template <bool> class Fma>
 void decode_qk_rows_fma(const DecodeQk& t) {
-  if (t.Hp > kSplitMaxHp) return decode_qk_rows<Fma<false>>(t, {static_cast<const char*>(t.q), t.ldq * 2});
+  if (t.Hp > kSplitMaxHp) {
+    const QRows qr{static_cast<const char*>(t.q), t.ldq * 2};
+    return with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_generic<Fma<false>, decltype(r)::value>(t, qr); });
+  }
   alignas(64) float qs[kDecodeMaxRows * kSplitMaxHp];
   split_q_rows(qs, t.q, t.ldq, t.Hp, t.rows);
   decode_qk_rows<Fma<true>>(t, {reinterpret_cast<const char*>(qs), t.Hp * 4});
