@@ -22,8 +22,10 @@ inline float32x4_t sum_lanes4(const float32x4_t (&a)[kQkKeys]) {
 }
 
 // S[r0 + r][j0 .. j0 + 4) for RB rows: keys j0 + j for j < nj are read (load(j0 + j, c) gives chunk c
-// of the key's row as bf16), nc chunks each; lanes j >= nj are written as 0 (keys past n).
-template <int RB, typename LoadK>
+// of the key's row as bf16), nc chunks each (kNc when it is not 0: the fast path, its chunk loop
+// unrolled; the generic path's stays a loop, which cut this file's compile time from 234 s to 12 s);
+// lanes j >= nj are written as 0 (keys past n).
+template <int RB, int kNc, typename LoadK>
 inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, int r0, std::int64_t j0, int nj, int nc,
                                                     const LoadK& load) {
   const auto* q = static_cast<const std::uint16_t*>(t.q) + r0 * t.ldq;
@@ -38,12 +40,17 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, int r0, s
     // No load moves across this: GCC 12 otherwise hoists the Q chunks of all keys (RB x H / 8 registers
     // at H = 128) out of the key loop and spills them; they are L1 loads either way.
     __asm__ volatile("" ::: "memory");
-#pragma GCC unroll 16
-    for (int c = 0; c < nc; ++c) {
+    const auto chunk = [&](int c) {
       const bfloat16x8_t k = vreinterpretq_bf16_u16(load(j0 + j, c));
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r)
         acc[r][j] = vbfdotq_f32(acc[r][j], vreinterpretq_bf16_u16(vld1q_u16(q + r * t.ldq + kChunk * c)), k);
+    };
+    if constexpr (kNc > 0) {
+#pragma GCC unroll 16
+      for (int c = 0; c < kNc; ++c) chunk(c);
+    } else {
+      for (int c = 0; c < nc; ++c) chunk(c);
     }
   }
   const float32x4_t scale = vdupq_n_f32(t.scale);
@@ -71,7 +78,7 @@ void qk_rows(const DecodeQk& t, std::int64_t j_begin) {
   for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkKeys) {
     const std::int64_t left = t.n - j0;
     const int nj = left >= kQkKeys ? kQkKeys : left > 0 ? static_cast<int>(left) : 0;
-    row_blocks<R>([&](auto rb, int r0) { qk_block<decltype(rb)::value>(t, r0, j0, nj, nc, load); });
+    row_blocks<R>([&](auto rb, int r0) { qk_block<decltype(rb)::value, 0>(t, r0, j0, nj, nc, load); });
   }
 }
 
@@ -84,7 +91,7 @@ void qk_rows_fast(const DecodeQk& t) {
   const auto load = [&](std::int64_t j, int c) { return vld1q_u16(k0 + j * ldk + kChunk * c); };
   const std::int64_t full = t.n / kQkKeys * kQkKeys;
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkKeys)
-    row_blocks<R>([&](auto rb, int r0) { qk_block<decltype(rb)::value>(t, r0, j0, kQkKeys, HC, load); });
+    row_blocks<R>([&](auto rb, int r0) { qk_block<decltype(rb)::value, HC>(t, r0, j0, kQkKeys, HC, load); });
   qk_rows<R, DType::bf16>(t, full);
 }
 
