@@ -29,6 +29,16 @@
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them.
+//
+// Overlap (dense K/V, groups of kOverlapMinRows rows or more, the first group of a block: the one that
+// reads K/V from DRAM): there the kernels' work per key is as long as its bytes' time, and the hardware
+// prefetchers alone left the two one after the other (T = 2 at G = 4 took the T = 1 time plus its
+// in-cache compute). So the calls go in pieces of kOverlapKeys keys, each preceded by an L2 prefetch of
+// the rows the next phase reads: QK's piece of K with the same keys' V rows, PV's piece of V with the
+// next block's K rows. Pieces start at multiples of kOverlapKeys keys, so the bits are those of one
+// call (as with pages). Measured on Zen 4: T = 2 1.25x, T = 4 1.19x, T = 16 1.03x faster; G*T = 4
+// rows (T = 1 at G = 4, bound by the stream) 1.16x slower with it, hence the row threshold
+// (docs/performance.md, session 10).
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
@@ -96,6 +106,18 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 constexpr std::int64_t kGatherPagesBelow = 64;
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
+// Overlap (see the top of the file): from this many rows in a group, in pieces of this many keys.
+constexpr std::int64_t kOverlapMinRows = 8;
+constexpr std::int64_t kOverlapKeys = 32;
+
+// Into L2 (prefetcht1): rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V.
+void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
+  const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
+  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) {
+    const char* row = static_cast<const char*>(is_k ? p.k_row(b, kh, j) : p.v_row(b, kh, j));
+    for (std::int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
+  }
+}
 
 // Where a piece's keys' scales are (int8 K/V): the first key's, and the floats between keys.
 struct PieceScales {
@@ -196,6 +218,18 @@ struct Workspace {
   }
 };
 
+// f(i, rows, n, scales) for the keys [i, i + n) of a piece of len keys at `rows` (ld elements apart):
+// in sub-pieces of `piece` keys (0: the whole piece at once).
+template <typename F>
+void for_each_overlap_piece(std::int64_t piece, std::int64_t len, std::int64_t ld, DType dtype, const void* rows,
+                            PieceScales scales, F f) {
+  if (piece == 0) return f(0, rows, len, scales);
+  const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
+  for (std::int64_t i = 0; i < len; i += piece)
+    f(i, static_cast<const char*>(rows) + i * row_bytes, std::min(piece, len - i),
+      PieceScales{scales.scale != nullptr ? scales.scale + i * scales.ld : nullptr, scales.ld});
+}
+
 // One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
 // the block): S = scale Q K^T, the softcap, the online softmax, O = O corr + P V.
 void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
@@ -209,11 +243,16 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const std::uint16_t* q = w.q.as<std::uint16_t>() + r0 * Hp;
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
+  // Overlap: the first group of a dense block, with enough rows (see the top of the file).
+  const std::int64_t piece = plan.pages == nullptr && r0 == 0 && R >= kOverlapMinRows ? kOverlapKeys : 0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
   for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
-                   kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
-                                        static_cast<int>(R), ks.scale, ks.ld});
+                   for_each_overlap_piece(piece, len, ldk, p.k_dtype, k, ks, [&](std::int64_t i, const void* ki, std::int64_t n, PieceScales ksi) {
+                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0 + i, n);
+                     kern.decode_qk_rows({w.s.as<float>() + j0 + i, w.ld, q, Hp, ki, p.k_dtype, ldk, n, p.H, Hp,
+                                          p.scale, static_cast<int>(R), ksi.scale, ksi.ld});
+                   });
                  });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
@@ -225,9 +264,12 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
   for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
-                   kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
-                                        round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
-                                        static_cast<int>(R), vs.scale, vs.ld});
+                   for_each_overlap_piece(piece, len, ldv, p.v_dtype, v, vs, [&](std::int64_t i, const void* vi, std::int64_t n, PieceScales vsi) {
+                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, s0 + plan.work.bkv + j0 + i, n);
+                     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0 + i, w.ld, vi, p.v_dtype, ldv, n,
+                                          round_up(n, 2), p.H, Hp, moved && j0 + i == 0 ? corr : nullptr,
+                                          static_cast<int>(R), vsi.scale, vsi.ld});
+                   });
                  });
 }
 
