@@ -83,8 +83,9 @@
 // between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
 // pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
 // of 32). The decode path takes its set from decode_kernels_for(): a bf16-pair path's own set, or for
-// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is 1..kDecodeMaxRows. No software prefetch: reading the rows line after line lets
-// the hardware prefetchers run the stream (docs/performance.md, decode I).
+// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is 1..kDecodeMaxRows. The kernels issue no software prefetch: reading the rows
+// line after line lets the hardware prefetchers run the stream (docs/performance.md, decode I); the
+// policy prefetches where they cannot (small pages, and the overlap of flash_decode.cpp).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
 //                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
 //                   order; lds >= round_up(n, 16)).
