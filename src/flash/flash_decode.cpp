@@ -36,7 +36,7 @@
 // in-cache compute). So the calls go in pieces of kOverlapKeys keys, each preceded by an L2 prefetch of
 // the rows the next phase reads: QK's piece of K with the same keys' V rows, PV's piece of V with the
 // next block's K rows. Pieces start at multiples of kOverlapKeys keys, so the bits are those of one
-// call (as with pages). Measured on Zen 4: T = 2 1.25x, T = 4 1.19x, T = 16 1.03x faster; G*T = 4
+// call (as with pages). Measured on Zen 4: T = 2 1.33x, T = 4 1.2x, T = 16 1.06x faster; G*T = 4
 // rows (T = 1 at G = 4, bound by the stream) 1.16x slower with it, hence the row threshold
 // (docs/performance.md, session 10).
 #include "flash/flash_decode.hpp"
@@ -110,7 +110,8 @@ constexpr std::int64_t kPrefetchPieces = 2;
 constexpr std::int64_t kOverlapMinRows = 8;
 constexpr std::int64_t kOverlapKeys = 32;
 
-// Into L2 (prefetcht1): rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V.
+// Into L2 (prefetcht1): rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V
+// (none when n <= 0).
 void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
   for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) {
@@ -165,7 +166,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     const PieceScales scales = scales_at(s);
     // Small pages lie anywhere: the hardware prefetchers lose the stream at each one, so fetch the
     // piece kPrefetchPieces ahead (whole rows, line by line) while this one is copied. Into L2, not
-    // L1 (locality 2, prefetcht1): on Zen 4 that read page 16 1.2x faster (docs/performance.md,
+    // L1 (locality 2, prefetcht1): on Zen 4 that read page 16 1.27x faster (docs/performance.md,
     // session 10), as the L1's few miss buffers no longer hold the prefetches back.
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
     if (gathered && ahead < s0 + n) {
@@ -248,8 +249,9 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
   for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
-                   for_each_overlap_piece(piece, len, ldk, p.k_dtype, k, ks, [&](std::int64_t i, const void* ki, std::int64_t n, PieceScales ksi) {
-                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0 + i, n);
+                   for_each_overlap_piece(piece, len, ldk, p.k_dtype, k, ks,
+                                          [&](std::int64_t i, const void* ki, std::int64_t n, PieceScales ksi) {
+                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0 + i, n);  // V, same keys
                      kern.decode_qk_rows({w.s.as<float>() + j0 + i, w.ld, q, Hp, ki, p.k_dtype, ldk, n, p.H, Hp,
                                           p.scale, static_cast<int>(R), ksi.scale, ksi.ld});
                    });
@@ -264,8 +266,10 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
   for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
-                   for_each_overlap_piece(piece, len, ldv, p.v_dtype, v, vs, [&](std::int64_t i, const void* vi, std::int64_t n, PieceScales vsi) {
-                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, s0 + plan.work.bkv + j0 + i, n);
+                   for_each_overlap_piece(piece, len, ldv, p.v_dtype, v, vs,
+                                          [&](std::int64_t i, const void* vi, std::int64_t n, PieceScales vsi) {
+                     const std::int64_t next = s0 + plan.work.bkv + j0 + i;  // K of the task's next block
+                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(n, task.keys.end - next));
                      kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0 + i, w.ld, vi, p.v_dtype, ldv, n,
                                           round_up(n, 2), p.H, Hp, moved && j0 + i == 0 ? corr : nullptr,
                                           static_cast<int>(R), vsi.scale, vsi.ld});
