@@ -110,14 +110,17 @@ constexpr std::int64_t kPrefetchPieces = 2;
 constexpr std::int64_t kOverlapMinRows = 8;
 constexpr std::int64_t kOverlapKeys = 32;
 
-// Into L2 (prefetcht1): rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V
-// (none when n <= 0).
+// Into L2 (prefetcht1), line by line: the row_bytes bytes at row.
+inline void prefetch_row(const char* row, std::int64_t row_bytes) {
+  for (std::int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
+}
+
+// Into L2: rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V (none when
+// n <= 0).
 void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
-  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) {
-    const char* row = static_cast<const char*>(is_k ? p.k_row(b, kh, j) : p.v_row(b, kh, j));
-    for (std::int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
-  }
+  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j)
+    prefetch_row(static_cast<const char*>(is_k ? p.k_row(b, kh, j) : p.v_row(b, kh, j)), row_bytes);
 }
 
 // Where a piece's keys' scales are (int8 K/V): the first key's, and the floats between keys.
@@ -135,18 +138,22 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
 }
 
 // f(j0, row, n, ld, scales) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page
-// each (one piece, the whole block, without pages): j0 the piece's first key relative to s0, row its
-// first row, ld the elements between its rows, scales its keys' (int8). Pages of fewer than
+// each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the piece's
+// first key relative to s0, row its first row, ld the elements between its rows, scales its keys'
+// (int8). Pages of fewer than
 // kGatherPagesBelow keys are first copied, as they are, into `gather` and their scales into
 // `gather_scales` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys, and
 // per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same rows
 // in the same order, so the same bits.
 template <typename F>
 void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
-                    std::int64_t s0, std::int64_t n, char* gather, float* gather_scales, F f) {
+                    std::int64_t s0, std::int64_t n, std::int64_t dense_piece, char* gather, float* gather_scales,
+                    F f) {
   if (pages == nullptr) {
-    f(0, is_k ? p.k_row(b, kh, s0) : p.v_row(b, kh, s0), n, is_k ? p.k_stride[2] : p.v_stride[2],
-      key_scales(p, is_k, b, kh, s0));
+    const std::int64_t step = dense_piece > 0 ? dense_piece : n;
+    for (std::int64_t j0 = 0; j0 < n; j0 += step)
+      f(j0, is_k ? p.k_row(b, kh, s0 + j0) : p.v_row(b, kh, s0 + j0), std::min(step, n - j0),
+        is_k ? p.k_stride[2] : p.v_stride[2], key_scales(p, is_k, b, kh, s0 + j0));
     return;
   }
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
@@ -172,8 +179,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     if (gathered && ahead < s0 + n) {
       const char* next = row_at(ahead);
       for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
-        for (std::int64_t c = 0; c < row_bytes; c += 64)
-          __builtin_prefetch(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)) + c, 0, 2);
+        prefetch_row(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)), row_bytes);
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
       if (const PieceScales next_scales = scales_at(ahead); next_scales.scale != nullptr)
         for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); j += 16)
@@ -219,18 +225,6 @@ struct Workspace {
   }
 };
 
-// f(i, rows, n, scales) for the keys [i, i + n) of a piece of len keys at `rows` (ld elements apart):
-// in sub-pieces of `piece` keys (0: the whole piece at once).
-template <typename F>
-void for_each_overlap_piece(std::int64_t piece, std::int64_t len, std::int64_t ld, DType dtype, const void* rows,
-                            PieceScales scales, F f) {
-  if (piece == 0) return f(0, rows, len, scales);
-  const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
-  for (std::int64_t i = 0; i < len; i += piece)
-    f(i, static_cast<const char*>(rows) + i * row_bytes, std::min(piece, len - i),
-      PieceScales{scales.scale != nullptr ? scales.scale + i * scales.ld : nullptr, scales.ld});
-}
-
 // One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
 // the block): S = scale Q K^T, the softcap, the online softmax, O = O corr + P V.
 void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
@@ -247,14 +241,12 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // Overlap: the first group of a dense block, with enough rows (see the top of the file).
   const std::int64_t piece = plan.pages == nullptr && r0 == 0 && R >= kOverlapMinRows ? kOverlapKeys : 0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
-  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
+  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+                 w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
-                   for_each_overlap_piece(piece, len, ldk, p.k_dtype, k, ks,
-                                          [&](std::int64_t i, const void* ki, std::int64_t n, PieceScales ksi) {
-                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0 + i, n);  // V, same keys
-                     kern.decode_qk_rows({w.s.as<float>() + j0 + i, w.ld, q, Hp, ki, p.k_dtype, ldk, n, p.H, Hp,
-                                          p.scale, static_cast<int>(R), ksi.scale, ksi.ld});
-                   });
+                   if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
+                   kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
+                                        static_cast<int>(R), ks.scale, ks.ld});
                  });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
@@ -264,16 +256,14 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                                         w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
-  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, w.gather.as<char>(), w.gather_scales.as<float>(),
+  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+                 w.gather_scales.as<float>(),
                  [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
-                   for_each_overlap_piece(piece, len, ldv, p.v_dtype, v, vs,
-                                          [&](std::int64_t i, const void* vi, std::int64_t n, PieceScales vsi) {
-                     const std::int64_t next = s0 + plan.work.bkv + j0 + i;  // K of the task's next block
-                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(n, task.keys.end - next));
-                     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0 + i, w.ld, vi, p.v_dtype, ldv, n,
-                                          round_up(n, 2), p.H, Hp, moved && j0 + i == 0 ? corr : nullptr,
-                                          static_cast<int>(R), vsi.scale, vsi.ld});
-                   });
+                   const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
+                   if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
+                   kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
+                                        round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
+                                        static_cast<int>(R), vs.scale, vs.ld});
                  });
 }
 
