@@ -260,8 +260,9 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
 // Any strides with H contiguous; K/V dtypes float32, bfloat16, float16 or int8 (k and v alike).
 // int8 (quantized, quantize_kv): k_scale and v_scale are float32 views of the cache's shape without H
 // ([B, K, S_max] or [num_pages, K, page_size], any strides); key s of kv head kh stands for the values
-// k_int8[..., s, :] * k_scale[..., s] (the product in fp32, then as an f32 cache's values: rounded to
-// bf16 under Precision::bf16). With any other dtype k_scale and v_scale must be null.
+// k_int8[..., s, :] * k_scale[..., s]. How they are computed with is kvcache_int8_form()'s: the
+// products in fp32 as an f32 cache's values (rounded to bf16 under Precision::bf16), or the integers
+// themselves. With any other dtype k_scale and v_scale must be null.
 // With k_new, v_new ([B,K,T,H]; the cache's dtype, or any float dtype for an int8 cache, which
 // quantizes them as quantize_kv does and writes their scales) the call first writes them into the cache
 // at keys seqlens[b] .. seqlens[b] + T - 1 of each sequence, and the queries attend to them: the
@@ -276,6 +277,16 @@ struct KvCache {
   const TensorView* k_scale = nullptr;  // int8 k, v: their float32 scales (both), else null
   const TensorView* v_scale = nullptr;
 };
+
+// How attention_with_kvcache computes with an int8 cache on the path in use, under Precision::bf16,
+// for calls its decode kernels take (G <= 8 and G*T <= 128):
+//   "products": the bits of a float32 cache holding the products x_int8 * scale (every path but below);
+//   "integers": avx512bf16 and amx (AVX512_VNNI's vpdpwssd): the int8 values as they are, with each
+//     query row quantized to int16 (H <= 256) and each row's softmax weights times the V scales
+//     quantized to int16 per 16 keys, the scales applied after exact int32 sums. Faster (docs/
+//     performance.md, session 11); within the bounds of src/reference/tolerance.hpp (ExtraError).
+// Other calls, and Precision::f32, take the products form.
+const char* kvcache_int8_form();
 
 // Symmetric int8 quantization of the rows of x (any float dtype, rank 1..5, H = the last axis
 // contiguous), one scale per row: scale = max_h |x[h]| / 127 (fp32), x_int8[h] = x[h] / scale rounded to

@@ -32,8 +32,8 @@ import numpy as np
 
 from . import _flashgqa
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "linear_attention",
-           "quantize_kv"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "kvcache_int8_form",
+           "linear_attention", "quantize_kv"]
 
 _FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
@@ -415,6 +415,17 @@ def quantize_kv(x):
     sc, sc_arg = _empty_like_kind(xi, xi.shape[:-1], "float32")
     _flashgqa.quantize_kv(xi.arg, x8_arg, sc_arg)
     return _finish(xi, x8), _finish(xi, sc)
+
+
+def kvcache_int8_form():
+    """How :func:`attention_with_kvcache` computes with an int8 cache on this machine's path
+    (precision "bf16", G <= 8 and G*T <= 128): ``"products"``, the bits of a float32 cache holding
+    ``x_int8 * scale``; or ``"integers"`` (AVX-512 BF16 and AMX CPUs: vpdpwssd), the int8 values
+    as they are, each query row and each 16 keys' softmax weights (times the V scales) quantized
+    to int16, the scales applied after exact integer sums: faster, within the error bound stated in
+    ``src/reference/tolerance.hpp`` (ExtraError).
+    """
+    return _flashgqa.kvcache_int8_form()
 
 
 _KIND_NAMES = {"numpy": "a numpy array (or other buffer)", "torch": "a torch tensor",

@@ -334,6 +334,9 @@ NB_MODULE(_flashgqa, m) {
         "Writes dq (shaped like q), dk and dv (like k) in place from dout and the forward's q, k, "
         "v, out and lse; dout, out, dq like q, lse [B,K,G,T] or [B,Hq,T]; sinks and dsinks (written, "
         "needs sinks) None or K*G contiguous float32. uint16 arrays are read as bfloat16 bits.");
+  m.def("kvcache_int8_form", [] { return std::string(flashgqa::kvcache_int8_form()); },
+        "How attention_with_kvcache computes with an int8 cache on the path in use: \"products\" or "
+        "\"integers\" (see flashgqa.hpp).");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
         "The views (data pointer, dtype, shape, strides in elements) attention() would pass to the "

@@ -1,7 +1,9 @@
 """int8 KV caches: flashgqa.quantize_kv (its bound, every array kind, errors) and
 attention_with_kvcache on int8 caches with k_scale/v_scale: against the float64 reference on the
-values the cache stands for (int8 x scale), bit-equal to a float32 cache of those products, dense and
-paged, k_new/v_new quantized into the cache in place (numpy, torch), errors.
+values the cache stands for (int8 x scale), in flashgqa.kvcache_int8_form()'s "products" form
+bit-equal to a float32 cache of those products, in its "integers" form within that form's bound
+(src/reference/tolerance.hpp, ExtraError), dense and paged, k_new/v_new quantized into the cache in
+place (numpy, torch), errors.
 """
 import ml_dtypes
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 import flashgqa
+from error_bounds import ROUNDOFF, Reference, as_f64, assert_within, window_mask
 from test_kvcache import SEQLENS, check_sequences, make_cache
 
 
@@ -78,6 +81,29 @@ def dense_products(k8, ks, table, seqlens, S, page_size):
     return out
 
 
+def check_sequences_integers(out, lse, q, dense_k, dense_v, seqlens, T, with_new, max_v_scale):
+    """check_sequences for the "integers" form: the reference on the exact products (the kernels
+    round neither K nor V), P's bf16 rounding as u_p, and the form's own errors (tolerance.hpp,
+    ExtraError): each query row quantized to int16 (a logit error of |scale| H M_q M_k (2^-16 +
+    2^-22)) and the weights per 16 keys (16 * 128 (2^-16 + 2^-22) max_j s_j on each output)."""
+    H = q.shape[-1]
+    scale = H ** -0.5
+    for b, L0 in enumerate(seqlens):
+        L = L0 + (T if with_new else 0)
+        qo = as_f64(q[b:b + 1])
+        ko, vo = as_f64(dense_k[b:b + 1, :, :L]), as_f64(dense_v[b:b + 1, :, :L])
+        ref = Reference(qo, ko, vo, scale, mask=window_mask(T, L, causal=True))
+        extra_logit = scale * H * np.abs(qo).max(initial=0) * np.abs(ko).max(initial=0) * (2**-16 + 2**-22)
+        ref.delta = ref.delta + extra_logit
+        max_bound, mean_bound = ref.softmax_bounds([(ROUNDOFF["bfloat16"], max(L, 1))], ROUNDOFF["bfloat16"])
+        extra_out = 16 * 128 * (2**-16 + 2**-22) * max_v_scale
+        assert_within(out[b:b + 1], ref.out, max_bound + extra_out, mean_bound + extra_out, f"sequence {b} (L {L})")
+        finite = np.isfinite(ref.lse[0])
+        got = as_f64(lse[b])
+        assert (got[~finite] == ref.lse[0][~finite]).all()
+        assert (np.abs(got[finite] - ref.lse[0][finite]) <= ref.lse_bound()[0][finite]).all()
+
+
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["dense", "page16", "page256"])
 @pytest.mark.parametrize("T", [1, 4, 16])
 def test_int8_cache_matches_reference_and_its_float32_products(rng, page_size, T):
@@ -90,12 +116,15 @@ def test_int8_cache_matches_reference_and_its_float32_products(rng, page_size, T
     S = max(SEQLENS) + T
     dk = dense_products(k8, ks, table, SEQLENS, S, page_size)
     dv = dense_products(v8, vs, table, SEQLENS, S, page_size)
-    check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", with_new)
-    # The same bits as a float32 cache holding those products.
-    kf, vf = dequantized(k8, ks), dequantized(v8, vs)
-    want = flashgqa.attention_with_kvcache(q, kf, vf, cache_seqlens=[L + (T if with_new else 0) for L in SEQLENS],
-                                           block_table=table)
-    assert out.tobytes() == want.tobytes()
+    if flashgqa.kvcache_int8_form() == "integers":
+        check_sequences_integers(out, lse, q, dk, dv, SEQLENS, T, with_new, float(np.nanmax(np.abs(vs))))
+    else:
+        check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", with_new)
+        # The same bits as a float32 cache holding those products.
+        kf, vf = dequantized(k8, ks), dequantized(v8, vs)
+        want = flashgqa.attention_with_kvcache(q, kf, vf, block_table=table,
+                                               cache_seqlens=[L + (T if with_new else 0) for L in SEQLENS])
+        assert out.tobytes() == want.tobytes()
     if with_new:  # k_new quantized in place, with its scales
         for b, L in enumerate(SEQLENS):
             n8, ns = flashgqa.quantize_kv(kn[b])

@@ -29,6 +29,7 @@
 #include "flash/flash_decode.hpp"
 #include "flash/flash_packed.hpp"
 #include "flashgqa/flashgqa.hpp"
+#include "kernels/cpu_features.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
@@ -366,6 +367,10 @@ void run(const TensorView& out, const TensorView* lse, const TensorView& q, cons
 }
 
 }  // namespace
+
+const char* kvcache_int8_form() {
+  return decode_kernels_for(active_isa(), Precision::bf16).int8_on_integers ? "integers" : "products";
+}
 
 void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache, const Options& options) {
   run(out, nullptr, q, cache, options);

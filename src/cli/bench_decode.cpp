@@ -143,7 +143,7 @@ const char* bench_decode_help() {
          "  --repeats runs each). Prints a table; writes DIR/bench_decode.csv.\n"
          "  --shape B,K,G,T,S,H  the workload (default 8,8,4,1,32768,128: lengths 1024..32768)\n"
          "  --kv-dtypes D,...    K/V dtypes (default bfloat16,float16,float32,int8; int8 with a float32\n"
-         "                       scale per row, from quantize_kv)\n"
+         "                       scale per row, from quantize_kv, in kvcache_int8_form()'s form)\n"
          "  --page-sizes P,...   0 = a dense [B,K,S_max,H] cache, else pages of P keys (multiples of 16),\n"
          "                       shuffled (default 0,16,256)\n";
 }
@@ -176,6 +176,8 @@ int bench_decode(const Args& args) {
               threads, dram.median / 1e9, dram.min / 1e9, dram.max / 1e9, static_cast<long long>(shape.B),
               static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
               static_cast<long long>(shape.H), lens.front(), lens.back());
+  if (std::find(dtypes.begin(), dtypes.end(), DType::i8) != dtypes.end())
+    std::printf("int8 computed in the \"%s\" form (flashgqa::kvcache_int8_form)\n", kvcache_int8_form());
   std::printf("%-8s %-9s %10s %9s %8s %7s %9s\n", "cache", "kv_dtype", "median_ms", "kv_MB", "GB/s", "%dram",
               "tokens/s");
   std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"

@@ -28,7 +28,10 @@
 // order, so the pieces give the bits of one call over the same rows laid out densely.
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
-// keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them.
+// keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
+// (the products form) or apply the scales to the logits and the weights (the integers form; its
+// weights are quantized per 16 keys of a call, and pieces start at multiples of 16 keys: the bits of
+// one call still).
 //
 // Overlap (dense K/V, groups of kOverlapMinRows rows or more, the first group of a block: the one that
 // reads K/V from DRAM): there the kernels' work per key is as long as its bytes' time, and the hardware

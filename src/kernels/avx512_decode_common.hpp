@@ -64,6 +64,7 @@ inline void load32_i8_scaled(const char* row, std::int64_t h0, std::int64_t H, _
 // vdpbf16ps: Q chunks are 32 bf16 as pack_q_row writes them; int8 products rounded by vcvtne2ps2bf16.
 struct DotBf16 {
   static constexpr int kQChunkBytes = 64;
+  static constexpr bool kIntSums = false;
   static __m512 mac(__m512 acc, const char* q, __m512i k) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_load_si512(q), (__m512bh)k);
   }
@@ -100,6 +101,7 @@ struct DotBf16 {
 template <bool kSplitQ>
 struct FmaPairs {
   static constexpr int kQChunkBytes = kSplitQ ? 128 : 64;
+  static constexpr bool kIntSums = false;
   static __m512 mac(__m512 acc, const char* q, __m512i k) {
     __m512 qo, qe;
     if constexpr (kSplitQ) {
@@ -148,6 +150,56 @@ struct FmaPairsCvt : FmaPairs<kSplitQ> {
     return DotBf16::i8_chunk<kFull>(row, h0, H, scale);
   }
 };
+#endif
+
+#ifdef __AVX512VNNI__
+// int8 K on vpdpwssd (the avx512bf16 set: docs/performance.md, session 11): the K chunk is its 32 int8
+// values sign-extended to int16 (one vpmovsxbw), each Q row is quantized to int16 once per call
+// (quantize_q_rows: q_int = round(q * 32767 / max|q|)), and the 16 lanes of a (row, key) accumulator
+// hold exact int32 sums (|sum| <= 256 * 32767 * 128 < 2^31 for H <= 256) that the transpose-add adds as
+// integers. A logit is float(sum) times the row's factor (scale * max|q| / 32767) times the key's scale:
+// the key's scale stays out of the operands, so nothing is rounded before the sum.
+struct DotI16 {
+  static constexpr int kQChunkBytes = 64;
+  static constexpr bool kIntSums = true;
+  static __m512 mac(__m512 acc, const char* q, __m512i k) {
+    return _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(acc), _mm512_load_si512(q), k));
+  }
+  template <bool kFull>
+  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512) {
+    if constexpr (kFull) return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + h0)));
+    const std::int64_t n = H - h0;
+    const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u);
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, row + h0));
+  }
+};
+
+// DotI16's Q rows: rows [0, rows) of q (pack_q_row's bf16, ldq elements apart, zero past H) as int16,
+// Hp per row, and each row's factor scale * max|q| / 32767. False (nothing usable written) when a row
+// holds an infinity or a NaN: the caller then takes the bf16 path, whose sums carry them.
+inline bool quantize_q_rows(std::int16_t* qi, float* factor, const void* q, std::int64_t ldq, std::int64_t Hp,
+                            int rows, float scale) {
+  for (int r = 0; r < rows; ++r) {
+    const auto* row = static_cast<const std::uint16_t*>(q) + r * ldq;
+    __m512 mx = _mm512_setzero_ps();
+    for (std::int64_t h = 0; h < Hp; h += 32) {
+      const __m512i w = _mm512_load_si512(row + h);
+      const __m512 a = odd_half(w), b = even_half(w);
+      if (_mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99)) return false;  // NaN, +-inf
+      mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    }
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512 to_int = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+    factor[r] = scale * (m / 32767.0f);
+    for (std::int64_t h = 0; h < Hp; h += 16) {  // rounded to nearest even (MXCSR's default)
+      const __m512 x = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(row + h))), 16));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * Hp + h),
+                         _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, to_int))));
+    }
+  }
+  return true;
+}
 #endif
 
 // Q rows for FmaPairs<true>: each 32-h chunk of rows [0, rows) of q (pack_q_row's bf16, ldq elements

@@ -174,6 +174,189 @@ void pv_rows_any(const DecodePv& t) {
   if constexpr (Mac::kSplitO) permute_o<R, false>(t);
 }
 
+#ifdef __AVX512VNNI__
+// int8 V on vpdpwssd (the avx512bf16 set: FlashKernels::int8_on_integers; contract in
+// microkernels.hpp). Rows go in blocks of up to 4; per block the weights go in slices of kI16Slice
+// keys, each quantized once (i16_slice: one joint max for the block's rows per group), then used by
+// passes of 64 columns: per group of kI16Group keys, RB x 4 int32 accumulators take vpdpwssd of each
+// row's int16 weight pair (broadcast) with the two keys' rows sign-extended (vpmovsxbw) and
+// interleaved into pairs (vpermt2w); then O = fma(W / 32767, float(sum), O) (O in L1). Each V chunk is
+// converted in one instruction per block of rows.
+constexpr int kI16Group = 16;
+constexpr int kI16Slice = 2 * kI16Group;
+constexpr int kI16Rows = 4;                  // rows per block
+constexpr float kI16MinWeight = 0x1p-100f;  // a group whose W is below this goes key by key
+
+struct I16Slice {
+  alignas(64) std::int16_t q[kI16Rows][kI16Slice];  // the weights as int16
+  alignas(64) float w[kI16Rows][kI16Slice];         // as fp32 (for a group taken key by key)
+  float f[2][16];                                   // W / 32767 per group, lane r
+  bool bad[2][kI16Rows];                            // a NaN or infinite weight, or W < kI16MinWeight: key by key
+  int keys[2];                                      // keys of each group read (the rest count as zero rows)
+};
+
+inline __mmask32 first_lanes32(std::int64_t n) {
+  return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
+}
+
+// Lane r (r < 4) of every 128-bit lane: the largest lane of v[r].
+inline __m512 max4(const __m512 v[4]) {
+  const __m512 t0 = _mm512_max_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+  const __m512 t1 = _mm512_max_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+  const __m512 u = _mm512_max_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+  const __m512 w = _mm512_max_ps(u, _mm512_shuffle_f32x4(u, u, 0x4e));
+  return _mm512_max_ps(w, _mm512_shuffle_f32x4(w, w, 0xb1));
+}
+
+// The weights of keys [j0, j0 + kI16Slice) for rows [r0, r0 + RB): w = P * s (keys past those read:
+// 0), and per group W = max |w|, q = round(w * (32767 / W)).
+template <int RB>
+inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) {
+  const std::int64_t read_end = t.nkeys < t.n ? t.nkeys : t.n;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int g = 0; g < 2; ++g) {
+    const std::int64_t jg = j0 + g * kI16Group;
+    const std::int64_t read = read_end - jg < 0 ? 0 : read_end - jg > kI16Group ? kI16Group : read_end - jg;
+    sl.keys[g] = static_cast<int>(read);
+    if (read == 0) return;
+    const __mmask16 m = first_lanes16(read);
+    const __m512 sc =
+        t.ld_scale == 1
+            ? _mm512_maskz_loadu_ps(m, t.v_scale + jg)
+            : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m,
+                                       _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(t.ld_scale))),
+                                       t.v_scale + jg * t.ld_scale, 4);
+    __m512 w[kI16Rows], a[kI16Rows];
+#pragma GCC unroll 4
+    for (int r = 0; r < kI16Rows; ++r) {
+      if (r >= RB) {
+        a[r] = _mm512_setzero_ps();
+        continue;
+      }
+      const auto* pr = static_cast<const std::uint16_t*>(t.p) + (r0 + r) * t.ldp + jg;
+      w[r] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, pr)), 16)), sc);
+      a[r] = _mm512_abs_ps(w[r]);
+      _mm512_store_ps(&sl.w[r][g * kI16Group], w[r]);
+      sl.bad[g][r] = _mm512_fpclass_ps_mask(w[r], 0x99) != 0;  // NaN, +-inf
+    }
+    const __m512 W = max4(a);
+    const __m512 c = _mm512_div_ps(_mm512_set1_ps(32767.0f), W);
+    _mm512_storeu_ps(sl.f[g], _mm512_div_ps(W, _mm512_set1_ps(32767.0f)));
+    const __mmask16 small = _mm512_cmp_ps_mask(W, _mm512_set1_ps(kI16MinWeight), _CMP_LT_OQ) &
+                            _mm512_cmp_ps_mask(W, _mm512_setzero_ps(), _CMP_GT_OQ);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      sl.bad[g][r] = sl.bad[g][r] || ((small >> r) & 1);
+      // W = 0: every w is 0, and so is q (0 * inf would be NaN).
+      const __m512 x = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(w[r], _mm512_setzero_ps(), _CMP_NEQ_UQ), w[r],
+                                           _mm512_permutexvar_ps(_mm512_set1_epi32(r), c));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(&sl.q[r][g * kI16Group]),
+                         _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(x)));
+    }
+  }
+}
+
+// One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys.
+template <int RB, int NC, bool kFull>
+inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I16Slice& sl, int r0, int g,
+                                                    std::int64_t jg, std::int64_t h0) {
+  const char* v0 = static_cast<const char*>(t.v) + jg * t.ldv + h0;
+  const int read = kFull ? kI16Group : sl.keys[g];
+  const __mmask32 hm[2] = {first_lanes32(t.H - h0), first_lanes32(t.H - h0 - 32)};  // [1] unused when NC = 1
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  __m512i acc[RB][2 * NC];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm512_setzero_si512();
+  const auto row = [&](int j, int c) {  // key jg + j's values h0 + 32c .. + 32, sign-extended (zero past those read)
+    if (!kFull && j >= read) return _mm512_setzero_si512();
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(hm[c], v0 + j * t.ldv + 32 * c));
+  };
+#pragma GCC unroll 8
+  for (int j = 0; j < (kFull ? kI16Group : read); j += 2) {
+    std::int32_t word[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) __builtin_memcpy(&word[r], &sl.q[r][g * kI16Group + j], 4);
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) {
+      const __m512i a = row(j, c), b = row(j + 1, c);
+      const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b), hi = _mm512_permutex2var_epi16(a, hi_idx, b);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        const __m512i x = _mm512_set1_epi32(word[r]);
+        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], x, lo);
+        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], x, hi);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    float* o = t.o + (r0 + r) * t.ldo + h0;
+    if (__builtin_expect(sl.bad[g][r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
+      for (int j = 0; j < read; ++j) {
+        const __m512 w = _mm512_set1_ps(sl.w[r][g * kI16Group + j]);
+        for (int c = 0; c < NC; ++c) {
+          const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(hm[c], v0 + j * t.ldv + 32 * c));
+          float* oc = o + 32 * c;
+          _mm512_store_ps(oc, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(x))),
+                                              _mm512_load_ps(oc)));
+          _mm512_store_ps(oc + 16, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(x, 1))),
+                                                   _mm512_load_ps(oc + 16)));
+        }
+      }
+      continue;
+    }
+    const __m512 f = _mm512_set1_ps(sl.f[g][r]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 2 * NC; ++i)
+      _mm512_store_ps(o + 16 * i, _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(acc[r][i]), _mm512_load_ps(o + 16 * i)));
+  }
+}
+
+// Rows [r0, r0 + RB) over all keys: passes of 64 columns (each V line read whole in one pass: in
+// passes of 32 this ran 1.15x slower from DRAM), the last one of 32 where Hp is an odd multiple of 32.
+template <int RB>
+void pv_block_i16(const DecodePv& t, int r0) {
+  I16Slice sl;
+  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kI16Slice) {
+    i16_slice<RB>(t, r0, j0, sl);
+    for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 64)
+      for (int g = 0; g < 2 && sl.keys[g] > 0; ++g) {
+        const std::int64_t jg = j0 + g * kI16Group;
+        const bool full = sl.keys[g] == kI16Group;
+        if (t.Hp - h0 >= 64) {
+          if (full) i16_group<RB, 2, true>(t, sl, r0, g, jg, h0);
+          else i16_group<RB, 2, false>(t, sl, r0, g, jg, h0);
+        } else {
+          if (full) i16_group<RB, 1, true>(t, sl, r0, g, jg, h0);
+          else i16_group<RB, 1, false>(t, sl, r0, g, jg, h0);
+        }
+      }
+  }
+}
+
+template <int R>
+void pv_rows_i16(const DecodePv& t) {
+  if (t.corr) rescale_o<R>(t);
+  int r0 = 0;
+  for (; r0 + kI16Rows <= R; r0 += kI16Rows) pv_block_i16<kI16Rows>(t, r0);
+  if constexpr (R % kI16Rows == 3) pv_block_i16<3>(t, r0);
+  if constexpr (R % kI16Rows == 2) pv_block_i16<2>(t, r0);
+  if constexpr (R % kI16Rows == 1) pv_block_i16<1>(t, r0);
+}
+
+// decode_pv_rows for int8 V on int16 weights; false (nothing done) for the other dtypes.
+inline bool decode_pv_rows_i8(const DecodePv& t) {
+  if (t.v_dtype != DType::i8) return false;
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_i16<decltype(r)::value>(t); });
+  return true;
+}
+#endif
+
 // decode_pv_rows with Mac.
 template <typename Mac>
 void decode_pv_rows(const DecodePv& t) {

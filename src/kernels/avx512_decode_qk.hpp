@@ -8,6 +8,9 @@
 //     (key-major, Q chunks from L1) with every size a constant, int8 chunks scaled and rounded as
 //     they are loaded; the generic path (other dtypes and H, the last partial group) converts and
 //     masks chunk by chunk. Both give the same bits.
+//   int8 K in the integers form (DotI16, decode_qk_rows_i8): the same loops on int16 Q rows and K rows
+//     sign-extended as they are loaded, the sums added as integers, then each logit times its row's
+//     factor and its key's scale (logits).
 // Q rows: Q[r] chunk c at q + r ldq_bytes + c Mac::kQChunkBytes (QRows).
 #pragma once
 
@@ -22,22 +25,62 @@ namespace decode_avx512 {
 struct QRows {
   const char* q;
   std::int64_t ld_bytes;
+  const float* factor = nullptr;  // DotI16: row r's factor at factor[r] (quantize_q_rows); else null
 };
 
-// out lane j = sum of the 16 lanes of v[j] (v is clobbered).
+// a + b as fp32, or as int32 (kInt: DotI16's sums).
+template <bool kInt>
+inline __m512 add_sums(__m512 a, __m512 b) {
+  if constexpr (kInt)
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  else
+    return _mm512_add_ps(a, b);
+}
+
+// out lane j = sum of the 16 lanes of v[j] (v is clobbered), fp32 or int32 (kInt).
+template <bool kInt>
 inline __m512 transpose_add16(__m512 v[16]) {
   __m512 t[8];
   for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    t[i] = add_sums<kInt>(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   __m512 u[4];
   for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's partial sums of keys 4i..4i+3
     const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    u[i] = add_sums<kInt>(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
   // Sum the four 128-bit lanes: pairs of lanes, then the pairs.
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+  const __m512 w0 = add_sums<kInt>(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+  const __m512 w1 = add_sums<kInt>(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+  return add_sums<kInt>(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
+// The RB x KG logits (lane r KG + j) of a transpose-add's sums: times the scale, or for DotI16
+// (Mac::kIntSums) float(sum) times row r's factor rf[r] times key j's scale ks[j ld] (keys j >= nj: 0).
+template <typename Mac, int RB>
+inline __attribute__((always_inline)) __m512 logits(__m512 acc[kQkGroup], __m512 scale, const float* rf,
+                                                   const float* ks, std::int64_t ld, int nj) {
+  if constexpr (!Mac::kIntSums) {
+    return _mm512_mul_ps(transpose_add16<false>(acc), scale);
+  } else {
+    constexpr int KG = kQkGroup / RB;
+    const __m512 sums = _mm512_cvtepi32_ps(_mm512_castps_si512(transpose_add16<true>(acc)));
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i key = _mm512_and_si512(lane, _mm512_set1_epi32(KG - 1));
+    const __m512 rows = _mm512_permutexvar_ps(_mm512_srli_epi32(lane, __builtin_ctz(KG)),
+                                              _mm512_maskz_loadu_ps(first_lanes16(RB), rf));
+    __m512 keys;
+    if (ld == 1 && nj >= KG) {
+      if constexpr (RB == 1) keys = _mm512_loadu_ps(ks);
+      else if constexpr (RB == 2) keys = _mm512_broadcast_f32x8(_mm256_loadu_ps(ks));
+      else if constexpr (RB == 4) keys = _mm512_broadcast_f32x4(_mm_loadu_ps(ks));
+      else keys = _mm512_broadcast_f32x2(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(ks))));
+    } else {
+      const __mmask16 present = _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(nj));
+      keys = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present,
+                                      _mm512_mullo_epi32(key, _mm512_set1_epi32(static_cast<int>(ld))), ks, 4);
+    }
+    return _mm512_mul_ps(_mm512_mul_ps(sums, rows), keys);
+  }
 }
 
 // Lane r KG + j of v (KG = 16 / RB) to s[r lds + j]: the RB x KG logits of one transpose-add.
@@ -89,7 +132,9 @@ inline void qk_block(const DecodeQk& t, QRows qr, const char* kr, std::int64_t l
       }
     }
   }
-  store_logits<RB>(t.s + r0 * t.lds + j0, t.lds, _mm512_mul_ps(transpose_add16(acc), _mm512_set1_ps(t.scale)));
+  store_logits<RB>(t.s + r0 * t.lds + j0, t.lds,
+                   logits<Mac, RB>(acc, _mm512_set1_ps(t.scale), qr.factor != nullptr ? qr.factor + r0 : nullptr,
+                                   t.k_scale != nullptr ? t.k_scale + j0 * t.ld_scale : nullptr, t.ld_scale, nj));
 }
 
 // S[r0 .. r0+RB)[j0 .. j0+16): sub-groups of 16 / RB keys; keys j >= nj of the group are zero.
@@ -133,8 +178,18 @@ void qk_rows(const DecodeQk& t, QRows qr, std::int64_t j_begin) {
 // whole, in address order (key-major: the hardware prefetchers follow a sequential stream, which they
 // did not when the rows were read chunk by chunk across keys; docs/performance.md); the Q chunks come
 // from L1. Same sums in the same order as qk_block, so the same bits.
+// The keys' scales of Int8Rows (DotI16's logits), null for Bf16Rows.
+inline const float* key_scales(const Bf16Rows&) { return nullptr; }
+inline std::int64_t key_scales_ld(const Bf16Rows&) { return 0; }
+template <typename Mac>
+inline const float* key_scales(const Int8Rows<Mac>& r) { return r.scale; }
+template <typename Mac>
+inline std::int64_t key_scales_ld(const Int8Rows<Mac>& r) { return r.ld_scale; }
+
+// The RB x KG logits of keys kr.at(0 .. KG) (lane r KG + j).
 template <typename Mac, int RB, int HC, typename Rows>
-inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr) {
+inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr,
+                                                          __m512 scale, const float* rf) {
   constexpr int KG = kQkGroup / RB;
   __m512 acc[kQkGroup];
 #pragma GCC unroll 16
@@ -148,16 +203,16 @@ inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, std::in
       for (int r = 0; r < RB; ++r)
         acc[r * KG + j] = Mac::mac(acc[r * KG + j], q + r * ldq_bytes + c * Mac::kQChunkBytes, kc);
     }
-  return transpose_add16(acc);
+  return logits<Mac, RB>(acc, scale, rf, key_scales(kr), key_scales_ld(kr), KG);
 }
 
 template <typename Mac, int RB, int HC, typename Rows>
 inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr,
-                                                             float* s, std::int64_t lds, __m512 scale) {
+                                                             float* s, std::int64_t lds, __m512 scale, const float* rf) {
   constexpr int KG = kQkGroup / RB;
 #pragma GCC unroll 16
   for (int jj = 0; jj < kQkGroup; jj += KG)
-    store_logits<RB>(s + jj, lds, _mm512_mul_ps(qk_sums_fast<Mac, RB, HC>(q, ldq_bytes, kr.at(jj)), scale));
+    store_logits<RB>(s + jj, lds, qk_sums_fast<Mac, RB, HC>(q, ldq_bytes, kr.at(jj), scale, rf));
 }
 
 // Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums).
@@ -168,13 +223,15 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   const std::int64_t ldq = qr.ld_bytes, lds = t.lds;
   const std::int64_t full = t.n / kQkGroup * kQkGroup;
   const __m512 scale = _mm512_set1_ps(t.scale);
+  const float* const rf0 = qr.factor;  // DotI16's row factors, else null
+  const auto rf_at = [rf0](int r) { return rf0 != nullptr ? rf0 + r : nullptr; };
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     const Rows kr = k0.at(j0);
     int r0 = 0;  // row blocks of 8, 4, 2, 1
-    if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, ldq, kr, s + j0, lds, scale); r0 += 8; }
-    if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 4; }
-    if constexpr (R % 4 >= 2) { qk_rows_block_fast<Mac, 2, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale); r0 += 2; }
-    if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale);
+    if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, ldq, kr, s + j0, lds, scale, rf0); r0 += 8; }
+    if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }
+    if constexpr (R % 4 >= 2) { qk_rows_block_fast<Mac, 2, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 2; }
+    if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0));
   }
   if (full < t.n) {
     if constexpr (std::is_same_v<Rows, Bf16Rows>) qk_rows<Mac, R, true>(t, qr, full);
@@ -198,6 +255,13 @@ void qk_rows_generic(const DecodeQk& t, QRows qr) {
 
 template <typename Mac, int R>
 void qk_rows_any(const DecodeQk& t, QRows qr) {
+  if constexpr (Mac::kIntSums) {  // DotI16: int8 rows only
+    const Int8Rows<Mac> k0{static_cast<const char*>(t.k), t.ldk, t.k_scale, t.ld_scale};
+    if (t.H == t.Hp && t.Hp == 64) return qk_rows_fast<Mac, R, 2>(t, qr, k0);
+    if (t.H == t.Hp && t.Hp == 128) return qk_rows_fast<Mac, R, 4>(t, qr, k0);
+    if (t.H == t.Hp && t.Hp == 256) return qk_rows_fast<Mac, R, 8>(t, qr, k0);
+    return qk_rows<Mac, R, false>(t, qr, 0);
+  }
   if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<Mac, R, false>(t, qr, 0);
   switch (t.Hp) {
     case 64: return qk_rows_fast_any<Mac, R, 2>(t, qr);
@@ -212,6 +276,19 @@ template <typename Mac>
 void decode_qk_rows(const DecodeQk& t, QRows qr) {
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<Mac, decltype(r)::value>(t, qr); });
 }
+
+#ifdef __AVX512VNNI__
+// int8 K on DotI16 (avx512_decode_common.hpp) where H <= kSplitMaxHp and the Q rows are finite; false
+// (nothing done) otherwise, and the caller takes its own path.
+inline bool decode_qk_rows_i8(const DecodeQk& t) {
+  if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp) return false;
+  alignas(64) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
+  float factor[kDecodeMaxRows];
+  if (!quantize_q_rows(qi, factor, t.q, t.ldq, t.Hp, t.rows, t.scale)) return false;
+  decode_qk_rows<DotI16>(t, {reinterpret_cast<const char*>(qi), t.Hp * 2, factor});
+  return true;
+}
+#endif
 
 // decode_qk_rows with two FMAs per pair (Fma<kSplitQ>: FmaPairs or FmaPairsCvt): up to kSplitMaxHp
 // the Q rows are split once per call (split_q_rows), so the per-key loop only splits K; wider rows

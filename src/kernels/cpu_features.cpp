@@ -26,6 +26,7 @@ namespace {
 struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
+  bool avx512vnni = false;
   bool amx_tile = false, amx_bf16 = false, os_amx = false;  // os_amx: XCR0 tile state + Linux's permission
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
   bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
@@ -76,6 +77,7 @@ Features detect() {
     f.avx512dq = (b >> 17) & 1u;
     f.avx512bw = (b >> 30) & 1u;
     f.avx512vl = (b >> 31) & 1u;
+    f.avx512vnni = (c >> 11) & 1u;
     f.amx_bf16 = (d >> 22) & 1u;
     f.amx_tile = (d >> 24) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
@@ -133,8 +135,8 @@ bool isa_supported(Isa isa) {
     case Isa::portable: return true;
     case Isa::avx2: return avx2;
     case Isa::avx512f: return avx512;
-    case Isa::avx512bf16: return avx512 && f.avx512bf16;
-    case Isa::amx: return avx512 && f.avx512bf16 && f.amx_tile && f.amx_bf16 && f.os_amx;
+    case Isa::avx512bf16: return avx512 && f.avx512bf16 && f.avx512vnni;
+    case Isa::amx: return avx512 && f.avx512bf16 && f.avx512vnni && f.amx_tile && f.amx_bf16 && f.os_amx;
     case Isa::neon: return f.asimd;
     case Isa::neon_bf16: return f.asimd && f.bf16;
   }

@@ -16,7 +16,8 @@ enum class Isa : int {
   portable,    // plain C++, any CPU
   avx2,        // AVX2 + FMA + F16C: bf16 widened to fp32, 8-lane FMA
   avx512f,     // AVX-512F/DQ/BW/VL: bf16 widened to fp32, 16-lane FMA
-  avx512bf16,  // AVX-512 + AVX512_BF16: vdpbf16ps, 32 multiply-adds per instruction
+  avx512bf16,  // AVX-512 + AVX512_BF16 + AVX512_VNNI (every CPU with the first has the second):
+               // vdpbf16ps, 32 multiply-adds per instruction; int8 V in decode on vpdpwssd
   neon,        // aarch64 Advanced SIMD: bf16 widened to fp32, 4-lane FMLA
   neon_bf16,   // aarch64 Advanced SIMD + FEAT_BF16: BFDOT, 8 multiply-adds per instruction
   amx,         // avx512bf16 + AMX-BF16 (Sapphire Rapids on): tdpbf16ps, 16x16x32 multiply-adds per instruction

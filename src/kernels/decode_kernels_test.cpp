@@ -111,6 +111,12 @@ Rows as_f32(const Rows& src, std::int64_t n, std::int64_t rows_alloc, std::int64
   return r;
 }
 
+// The value an int8 row stands for, exactly: x_j[h] s_j.
+double exact_int8(const Rows& r, std::int64_t j, std::int64_t h) {
+  const auto x = static_cast<const std::int8_t*>(r.data())[j * r.ld + h];
+  return static_cast<double>(x) * r.scale[static_cast<std::size_t>(j * Rows::kLdScale)];
+}
+
 // Q rows as pack_q_row writes them: bf16, zero past H; ldq = Hp + 32.
 struct QRows {
   AlignedBuffer buf;
@@ -157,23 +163,30 @@ void check_qk(const FlashKernels& k, DType dtype, std::int64_t H, std::mt19937& 
                    std::to_string(n) + " rows " + std::to_string(rows));
       const QRows q = make_q(rows, H, Hp, rng);
       const std::vector<float> s = run_qk(k, q, kr, rows, n, H, Hp, scale, lds);
+      // The integers form (int8 on a set that says so, H <= 256): against the exact products x s, with
+      // each Q row's quantization, |q - q_int m / 32767| <= m (2^-16 + 2^-22), on sum_h |x s|.
+      const bool integers = dtype == DType::i8 && k.int8_on_integers && Hp <= 256;
       for (int r = 0; r < rows; ++r) {
+        double m = 0.0;
+        for (std::int64_t h = 0; h < H; ++h) m = std::max(m, std::fabs(static_cast<double>(q.value[static_cast<std::size_t>(r * H + h)])));
         for (std::int64_t j = 0; j < n; ++j) {
-          double exact = 0.0, mag = 0.0;
+          double exact = 0.0, mag = 0.0, kabs = 0.0;
           for (std::int64_t h = 0; h < H; ++h) {
-            const double x = static_cast<double>(q.value[static_cast<std::size_t>(r * H + h)]) *
-                             kr.operand[static_cast<std::size_t>(j * H + h)];
+            const double kv = integers ? exact_int8(kr, j, h) : kr.operand[static_cast<std::size_t>(j * H + h)];
+            const double x = static_cast<double>(q.value[static_cast<std::size_t>(r * H + h)]) * kv;
             exact += x;
             mag += std::fabs(x);
+            kabs += std::fabs(kv);
           }
-          const double bound = (static_cast<double>(H) + 4) * 0x1p-23 * scale * mag + H * 0x1p-120;
+          const double bound = (static_cast<double>(H) + 4) * 0x1p-23 * scale * mag + H * 0x1p-120 +
+                               (integers ? scale * m * (0x1p-16 + 0x1p-22) * kabs : 0.0);
           ASSERT_NEAR(s[static_cast<std::size_t>(r * lds + j)], scale * exact, bound) << "r " << r << " j " << j;
         }
         for (std::int64_t j = n; j < end; ++j) ASSERT_EQ(s[static_cast<std::size_t>(r * lds + j)], 0.0f) << "j " << j;
         for (std::int64_t j = end; j < lds; ++j) ASSERT_EQ(s[static_cast<std::size_t>(r * lds + j)], kSentinel) << "j " << j;
       }
       // The operands decide the bits: the f32 rows holding them give the same S.
-      if (dtype != DType::f32) {
+      if (dtype != DType::f32 && !integers) {
         ASSERT_EQ(s, run_qk(k, q, kf, rows, n, H, Hp, scale, lds));
       }
     }
@@ -217,23 +230,36 @@ void check_pv_case(const FlashKernels& k, const PvCase& c, const Rows& vr, const
   }
   const std::vector<float> o = run_pv(k, c, p, o0, corr, vr);
   const std::int64_t read = c.nkeys < c.n ? c.nkeys : c.n;  // keys past n count as zero rows
+  // The integers form (int8 on a set that says so): against the exact products, with each group of 16
+  // keys' int16 weights, |q_j W / 32767 - w_j| <= W (2^-16 + 2^-22), W = max_j |P_j s_j| in the group.
+  const bool integers = vr.dtype == DType::i8 && k.int8_on_integers;
+  const auto P = [&](int r, std::int64_t j) {
+    return static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(r * c.ldp + j)]));
+  };
   for (int r = 0; r < c.rows; ++r) {
+    std::vector<double> W((static_cast<std::size_t>(read) + 15) / 16, 0.0);
+    for (std::int64_t j = 0; j < read && integers; ++j)
+      W[static_cast<std::size_t>(j / 16)] = std::max(W[static_cast<std::size_t>(j / 16)],
+                                                     std::fabs(P(r, j) * vr.scale[static_cast<std::size_t>(j * Rows::kLdScale)]));
     for (std::int64_t h = 0; h < c.Hp; ++h) {
       const double start = static_cast<double>(o0[static_cast<std::size_t>(r * c.ldo + h)]) *
                            (c.corr ? corr[static_cast<std::size_t>(r)] : 1.0f);
-      double exact = start, mag = std::fabs(start);
+      double exact = start, mag = std::fabs(start), quant = 0.0;
       for (std::int64_t j = 0; j < read && h < c.H; ++j) {
-        const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(r * c.ldp + j)])) *
-                         vr.operand[static_cast<std::size_t>(j * c.H + h)];
+        const double v = integers ? exact_int8(vr, j, h) : vr.operand[static_cast<std::size_t>(j * c.H + h)];
+        const double x = P(r, j) * v;
         exact += x;
         mag += std::fabs(x);
+        if (integers)
+          quant += W[static_cast<std::size_t>(j / 16)] * (0x1p-16 + 0x1p-22) *
+                   std::fabs(static_cast<double>(static_cast<const std::int8_t*>(vr.data())[j * vr.ld + h]));
       }
-      const double bound = (static_cast<double>(c.nkeys) + 4) * 0x1p-23 * mag + (c.nkeys + 1) * 0x1p-120;
+      const double bound = (static_cast<double>(c.nkeys) + 4) * 0x1p-23 * mag + (c.nkeys + 1) * 0x1p-120 + quant;
       ASSERT_NEAR(o[static_cast<std::size_t>(r * c.ldo + h)], exact, bound) << "r " << r << " h " << h;
     }
     for (std::int64_t h = c.Hp; h < c.ldo; ++h) ASSERT_EQ(o[static_cast<std::size_t>(r * c.ldo + h)], kSentinel) << "h " << h;
   }
-  if (vr.dtype != DType::f32) {
+  if (vr.dtype != DType::f32 && !integers) {
     ASSERT_EQ(o, run_pv(k, c, p, o0, corr, vf));
   }
 }
@@ -289,6 +315,63 @@ TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
     }
 }
 
+// The integers form's other paths (microkernels.hpp): a Q row with a NaN takes the products form (NaN
+// logits for that row, finite ones for the others); a group of 16 keys whose weights are all below
+// 2^-100 is taken key by key in fp32 (within the fp32 bound of the exact sum, where the int16 weights
+// would have divided by W); a NaN weight makes its row's O NaN.
+TEST(DecodeKernels, Int8IntegersFormFallbacks) {
+  std::mt19937 rng(19);
+  int sets = 0;
+  for (const FlashKernels* k : decode_sets()) {
+    if (!k->int8_on_integers) continue;
+    ++sets;
+    const std::int64_t H = 128, Hp = 128, n = 48;
+    SCOPED_TRACE(k->name);
+    const Rows r = make_rows(DType::i8, n, n, H, rng);
+    // Q: row 1 holds a NaN.
+    QRows q = make_q(4, H, Hp, rng);
+    q.buf.as<std::uint16_t>()[1 * q.ldq + 5] = kNaNBits;
+    const std::int64_t lds = n + 16;
+    const std::vector<float> s = run_qk(*k, q, r, 4, n, H, Hp, 0.125f, lds);
+    for (int row = 0; row < 4; ++row)
+      for (std::int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(std::isnan(s[static_cast<std::size_t>(row * lds + j)]), row == 1) << "row " << row << " j " << j;
+    // PV: row 0's first group tiny (key by key), row 1 holds a NaN weight, rows 2, 3 plain.
+    PvCase c{4, n, n, H, Hp, n + 32, Hp + 32, false};
+    std::vector<std::uint16_t> p = make_p(c, rng);
+    for (std::int64_t j = 0; j < 16; ++j) p[static_cast<std::size_t>(j)] = float_to_bf16_bits(1e-33f * static_cast<float>(j + 1));
+    p[static_cast<std::size_t>(c.ldp + 20)] = kNaNBits;
+    const std::vector<float> o0(static_cast<std::size_t>(c.rows * c.ldo), 0.0f), corr;
+    const std::vector<float> o = run_pv(*k, c, p, o0, corr, r);
+    for (std::int64_t h = 0; h < H; ++h) {
+      double exact = 0.0, mag = 0.0;
+      for (std::int64_t j = 0; j < 16; ++j) {
+        const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) * exact_int8(r, j, h);
+        exact += x;
+        mag += std::fabs(x);
+      }
+      double rest = 0.0, rest_mag = 0.0, quant = 0.0;  // keys 16.. in the integers form, as check_pv_case bounds them
+      for (int g = 1; g < 3; ++g) {
+        double W = 0.0;
+        for (std::int64_t j = 16 * g; j < 16 * g + 16; ++j)
+          W = std::max(W, static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) *
+                              r.scale[static_cast<std::size_t>(j * Rows::kLdScale)]);
+        for (std::int64_t j = 16 * g; j < 16 * g + 16; ++j) {
+          const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) * exact_int8(r, j, h);
+          rest += x;
+          rest_mag += std::fabs(x);
+          quant += W * (0x1p-16 + 0x1p-22) * std::fabs(static_cast<double>(static_cast<const std::int8_t*>(r.data())[j * r.ld + h]));
+        }
+      }
+      const double bound = (n + 4) * 0x1p-23 * (mag + rest_mag) + quant + 1e-44;
+      ASSERT_NEAR(o[static_cast<std::size_t>(h)], exact + rest, bound) << "h " << h;
+      ASSERT_TRUE(std::isnan(o[static_cast<std::size_t>(c.ldo + h)])) << "h " << h;
+      ASSERT_FALSE(std::isnan(o[static_cast<std::size_t>(2 * c.ldo + h)])) << "h " << h;
+    }
+  }
+  if (sets == 0) GTEST_SKIP() << "no kernel set here takes int8 in the integers form";
+}
+
 #if defined(__x86_64__)
 // The FMA decode kernels (two fp32 FMAs per bf16 pair, odd element first) against each other and, where
 // bf16_dot_half_rate() (Intel, whose vdpbf16ps rounds each of its two steps in that order), against
@@ -313,6 +396,7 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
           const std::vector<float> s0 = run_qk(*same[0], q, r, rows, n, H, Hp, 0.125f, lds);
           const std::vector<float> v0 = run_pv(*same[0], c, p, o0, corr, r);
           for (std::size_t i = 1; i < same.size(); ++i) {
+            if (dtype == DType::i8 && same[i]->int8_on_integers != same[0]->int8_on_integers) continue;  // other forms
             ASSERT_EQ(s0, run_qk(*same[i], q, r, rows, n, H, Hp, 0.125f, lds)) << same[i]->name;
             ASSERT_EQ(v0, run_pv(*same[i], c, p, o0, corr, r)) << same[i]->name;
           }

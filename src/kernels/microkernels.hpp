@@ -92,10 +92,24 @@
 //   decode_pv_rows: O[r][h] = O[r][h] * corr[r] + sum_{j<nkeys} P[r][j] V[j][h] for h < Hp (corr null:
 //                   no rescale; nkeys even, <= round_up(n, 2); keys j >= n are not read and count
 //                   as zero rows; each O element accumulates its keys in increasing j).
-// int8 rows (the KV-cache API's quantized cache): with k_dtype / v_dtype int8, key j's operand is
-// the fp32 product row[h] * scale[j * ld_scale], rounded to bf16 (vcvtne2ps2bf16 or BFCVT, nearest
-// even; a subnormal product may flush to zero, within the subnormal allowance above): the value a
-// float32 row holding that product would give. scale is null for the float dtypes.
+// int8 rows (the KV-cache API's quantized cache, x_j the int8 row of key j, s_j = scale[j * ld_scale];
+// scale is null for the float dtypes), in one of two forms, as the set's int8_on_integers says:
+//   products (false): key j's operand is the fp32 product x_j[h] * s_j, rounded to bf16
+//     (vcvtne2ps2bf16 or BFCVT, nearest even; a subnormal product may flush to zero, within the
+//     subnormal allowance above): the value a float32 row holding that product would give.
+//   integers (true: avx512bf16, which requires AVX512_VNNI; vpdpwssd): nothing is rounded before the
+//     sums, which are exact int32.
+//     decode_qk_rows (H <= 256; wider rows, whose sums could pass 2^31, take the products form): each Q row is quantized once per call against its largest |q|, m:
+//       q_int[h] = round(q[h] * fl(32767 / m)) (int16, nearest even; all 0 when m = 0), and
+//       S[r][j] = fl(fl(float(sum_h q_int[h] x_j[h]) * fl(scale * fl(m / 32767))) * s_j).
+//       A call whose Q rows hold a NaN or an infinity takes the products form.
+//     decode_pv_rows: per row and group of 16 keys (keys 0..15, 16..31, ... of the call):
+//       w_j = fl(P[r][j] * s_j) (0 for keys j >= n), W = max |w_j|, q_j = round(w_j * fl(32767 / W))
+//       (int16; 0 when W = 0), and each O element becomes fma(fl(W / 32767), float(sum_j q_j x_j[h]), O).
+//       A group with a NaN or infinite w_j, or with 0 < W < 2^-100, adds fma(w_j, float(x_j[h]), O)
+//       key by key instead. Groups start at multiples of 16 keys of the call, so calls cut at
+//       multiples of 16 (pages, the overlap's pieces) give the bits of one call.
+//     The error these add is in reference/tolerance.hpp (ExtraError).
 //
 // Backward kernel (optional, bf16-pair family only: null in a set that has none; then
 // src/backward/flash_backward.cpp runs exp_n, its own elementwise loop and pack_v / pack_q_row).
@@ -253,6 +267,8 @@ struct FlashKernels {
   void (*decode_qk_rows)(const DecodeQk& t) = nullptr;  // optional (bf16-pair family)
   void (*decode_pv_rows)(const DecodePv& t) = nullptr;
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
+  // The decode kernels take int8 K/V in the integers form (see the decode contract above).
+  bool int8_on_integers = false;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's

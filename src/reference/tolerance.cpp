@@ -93,6 +93,11 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
 
 ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, const KeySums& sums,
                                     bool linear) {
+  return check_against_reference(p, ref, sums, linear, ExtraError{});
+}
+
+ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, const KeySums& sums, bool linear,
+                                    const ExtraError& extra) {
   ErrorReport r;
   const double u_p = operand_roundoff(p.precision);
   const double u_out = unit_roundoff(p.out_dtype);
@@ -107,7 +112,9 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
           const std::int64_t row = ref.row(b, kh, g, t);
           const double a = ref.abs_logit[static_cast<std::size_t>(row)];
           const double sink = p.sink(kh, g);
-          const double w_rel = forward_weight_rel_error(p, sums, a, sink, z);
+          const double delta = forward_logit_error(p, a, z);
+          const double w_rel = forward_weight_rel_error(p, sums, a, sink, z) + extra.weight_rel +
+                               (std::expm1(2 * (delta + extra.logit)) - std::expm1(2 * delta));
           const void* out_row = p.out_row(b, kh, g, t);
           for (std::int64_t h = 0; h < p.H; ++h) {
             const auto i = static_cast<std::size_t>(row * p.H + h);
@@ -119,8 +126,8 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
               stat = det;
             } else {
               const double fixed = w_rel - u_p + g_s;
-              det = (w_rel + g_s) * ref.abs_pv[i] + z.out;
-              stat = fixed * ref.abs_pv[i] + 4 * u_p * ref.sq_pv[i] / std::sqrt(3.0) + z.out;
+              det = (w_rel + g_s) * ref.abs_pv[i] + z.out + extra.out;
+              stat = fixed * ref.abs_pv[i] + 4 * u_p * ref.sq_pv[i] / std::sqrt(3.0) + z.out + extra.out;
             }
             const double bound = det + u_out * (std::fabs(o_ref) + det) + 1e-300;
             const double mean_bound = stat + u_out * (std::fabs(o_ref) + det) + 1e-300;
@@ -150,7 +157,7 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
             } else if (std::isinf(l_ref) || std::isinf(l)) {
               if (l != l_ref) ++r.nan_mismatches;  // -inf must match -inf exactly
             } else if (!std::isnan(l)) {
-              const double bound = forward_lse_error(p, sums, a, sink, l_ref, z);
+              const double bound = forward_lse_error(p, sums, a, sink, l_ref, z) + extra.logit;
               const double err = std::fabs(l - l_ref);
               r.lse_max_err = std::max(r.lse_max_err, err);
               r.lse_worst_ratio = std::max(r.lse_worst_ratio, err / bound);

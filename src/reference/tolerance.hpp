@@ -150,4 +150,22 @@ ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref
 ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, const KeySums& sums,
                                     bool linear = false);
 
+// Errors a path adds beyond the arithmetic the bounds above describe, for the check's caller to state:
+// the int8 cache's integer form (FlashKernels::int8_on_integers, microkernels.hpp), checked against
+// the reference on the float32 products under Precision::f32 (those kernels round neither K nor V
+// operands), adds
+//   logit:   |scale| H M_q M_k (2^-16 + 2^-22): each Q row quantized to int16 against its largest
+//            |q|, m: |q - q_int fl(m / 32767)| <= m (2^-16 + 2^-22), times sum_h |k_h| <= H M_k;
+//   weights: 2^-8: P is rounded to bf16 before it is weighted, as under Precision::bf16;
+//   output:  16 * 128 (2^-16 + 2^-22) max_j s_j: per row and group of 16 keys the int16 weights err by
+//            at most W (2^-16 + 2^-22) each (W = max_j P_j s_j <= the group's largest P times max_j
+//            s_j), on |x_j| <= 128, and the groups' largest P add up to at most the row's sum l.
+struct ExtraError {
+  double logit = 0.0;       // added to delta (so to the weights' and the lse's bounds)
+  double weight_rel = 0.0;  // added to w_rel
+  double out = 0.0;         // added to each output element's bound, before the output's rounding
+};
+ErrorReport check_against_reference(const Problem& p, const ReferenceResult& ref, const KeySums& sums, bool linear,
+                                    const ExtraError& extra);
+
 }  // namespace flashgqa
