@@ -73,7 +73,7 @@ inline __attribute__((always_inline)) __m512 logits(__m512 acc[kQkGroup], __m512
       if constexpr (RB == 1) keys = _mm512_loadu_ps(ks);
       else if constexpr (RB == 2) keys = _mm512_broadcast_f32x8(_mm256_loadu_ps(ks));
       else if constexpr (RB == 4) keys = _mm512_broadcast_f32x4(_mm_loadu_ps(ks));
-      else keys = _mm512_broadcast_f32x2(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(ks))));
+      else keys = _mm512_broadcast_f32x2(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ks))));
     } else {
       const __mmask16 present = _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(nj));
       keys = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), present,
