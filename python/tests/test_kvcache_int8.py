@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import flashgqa
-from error_bounds import ROUNDOFF, Reference, as_f64, assert_within, window_mask
 from test_kvcache import SEQLENS, check_sequences, make_cache
 
 
@@ -81,29 +80,6 @@ def dense_products(k8, ks, table, seqlens, S, page_size):
     return out
 
 
-def check_sequences_integers(out, lse, q, dense_k, dense_v, seqlens, T, with_new, max_v_scale):
-    """check_sequences for the "integers" form: the reference on the exact products (the kernels
-    round neither K nor V), P's bf16 rounding as u_p, and the form's own errors (tolerance.hpp,
-    ExtraError): each query row quantized to int16 (a logit error of |scale| H M_q M_k (2^-16 +
-    2^-22)) and the weights per 16 keys (16 * 128 (2^-16 + 2^-22) max_j s_j on each output)."""
-    H = q.shape[-1]
-    scale = H ** -0.5
-    for b, L0 in enumerate(seqlens):
-        L = L0 + (T if with_new else 0)
-        qo = as_f64(q[b:b + 1])
-        ko, vo = as_f64(dense_k[b:b + 1, :, :L]), as_f64(dense_v[b:b + 1, :, :L])
-        ref = Reference(qo, ko, vo, scale, mask=window_mask(T, L, causal=True))
-        extra_logit = scale * H * np.abs(qo).max(initial=0) * np.abs(ko).max(initial=0) * (2**-16 + 2**-22)
-        ref.delta = ref.delta + extra_logit
-        max_bound, mean_bound = ref.softmax_bounds([(ROUNDOFF["bfloat16"], max(L, 1))], ROUNDOFF["bfloat16"])
-        extra_out = 16 * 128 * (2**-16 + 2**-22) * max_v_scale
-        assert_within(out[b:b + 1], ref.out, max_bound + extra_out, mean_bound + extra_out, f"sequence {b} (L {L})")
-        finite = np.isfinite(ref.lse[0])
-        got = as_f64(lse[b])
-        assert (got[~finite] == ref.lse[0][~finite]).all()
-        assert (np.abs(got[finite] - ref.lse[0][finite]) <= ref.lse_bound()[0][finite]).all()
-
-
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["dense", "page16", "page256"])
 @pytest.mark.parametrize("T", [1, 4, 16])
 def test_int8_cache_matches_reference_and_its_float32_products(rng, page_size, T):
@@ -117,7 +93,8 @@ def test_int8_cache_matches_reference_and_its_float32_products(rng, page_size, T
     dk = dense_products(k8, ks, table, SEQLENS, S, page_size)
     dv = dense_products(v8, vs, table, SEQLENS, S, page_size)
     if flashgqa.kvcache_int8_form() == "integers":
-        check_sequences_integers(out, lse, q, dk, dv, SEQLENS, T, with_new, float(np.nanmax(np.abs(vs))))
+        check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", with_new,
+                        int8_integers_max_v_scale=float(np.nanmax(np.abs(vs))))
     else:
         check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", with_new)
         # The same bits as a float32 cache holding those products.

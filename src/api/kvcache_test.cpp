@@ -20,8 +20,6 @@
 #include "core/problem.hpp"
 #include "core/quantize_row.hpp"
 #include "flashgqa/flashgqa.hpp"
-#include "kernels/cpu_features.hpp"
-#include "kernels/microkernels.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "testing/attention_case.hpp"
@@ -212,8 +210,7 @@ struct CacheCase {
   // the integers form (microkernels.hpp), which rounds neither K nor V, the reference runs under
   // Precision::f32 and the check adds that form's own errors (tolerance.hpp, ExtraError).
   void expect_matches_reference(const Options& o, const std::string& what) {
-    const bool integers = int8() && o.precision == Precision::bf16 &&
-                          decode_kernels_for(active_isa(), Precision::bf16).int8_on_integers;
+    const bool integers = int8() && o.precision == Precision::bf16 && std::string(kvcache_int8_form()) == "integers";
     float max_v_scale = 0.0f;
     for (float x : v_scale_buf)
       if (std::isfinite(x)) max_v_scale = std::max(max_v_scale, std::fabs(x));
@@ -378,7 +375,7 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
         c8.run(o);
         c32.run(o);
         // In the integers form (microkernels.hpp) the decode path computes otherwise: only the bound.
-        if (!decode_kernels_for(active_isa(), Precision::bf16).int8_on_integers) {
+        if (std::string(kvcache_int8_form()) == "products") {
           EXPECT_TRUE(bitwise_equal(c32.out_and_lse(), c8.out_and_lse())) << to_string(spec);
         }
         c8.expect_matches_reference(o, "int8");

@@ -168,9 +168,7 @@ struct DotI16 {
   template <bool kFull>
   static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512) {
     if constexpr (kFull) return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + h0)));
-    const std::int64_t n = H - h0;
-    const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1u);
-    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, row + h0));
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(first_lanes32(H - h0), row + h0));
   }
 };
 
@@ -192,8 +190,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const void* q, std:
     const __m512 to_int = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     factor[r] = scale * (m / 32767.0f);
     for (std::int64_t h = 0; h < Hp; h += 16) {  // rounded to nearest even (MXCSR's default)
-      const __m512 x = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(row + h))), 16));
+      const __m512 x = load16_f32(row, DType::bf16, h, Hp);
       _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * Hp + h),
                          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(x, to_int))));
     }

@@ -195,10 +195,6 @@ struct I16Slice {
   int keys[2];                                      // keys of each group read (the rest count as zero rows)
 };
 
-inline __mmask32 first_lanes32(std::int64_t n) {
-  return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
-}
-
 // Lane r (r < 4) of every 128-bit lane: the largest lane of v[r].
 inline __m512 max4(const __m512 v[4]) {
   const __m512 t0 = _mm512_max_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
@@ -234,8 +230,7 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
         a[r] = _mm512_setzero_ps();
         continue;
       }
-      const auto* pr = static_cast<const std::uint16_t*>(t.p) + (r0 + r) * t.ldp + jg;
-      w[r] = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, pr)), 16)), sc);
+      w[r] = _mm512_mul_ps(load16_f32(static_cast<const std::uint16_t*>(t.p) + (r0 + r) * t.ldp + jg, DType::bf16, 0, read), sc);
       a[r] = _mm512_abs_ps(w[r]);
       _mm512_store_ps(&sl.w[r][g * kI16Group], w[r]);
       sl.bad[g][r] = _mm512_fpclass_ps_mask(w[r], 0x99) != 0;  // NaN, +-inf
@@ -263,10 +258,6 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
                                                     std::int64_t jg, std::int64_t h0) {
   const char* v0 = static_cast<const char*>(t.v) + jg * t.ldv + h0;
   const int read = kFull ? kI16Group : sl.keys[g];
-  const __mmask32 hm[2] = {first_lanes32(t.H - h0), first_lanes32(t.H - h0 - 32)};  // [1] unused when NC = 1
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
   __m512i acc[RB][2 * NC];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r)
@@ -274,7 +265,7 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm512_setzero_si512();
   const auto row = [&](int j, int c) {  // key jg + j's values h0 + 32c .. + 32, sign-extended (zero past those read)
     if (!kFull && j >= read) return _mm512_setzero_si512();
-    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(hm[c], v0 + j * t.ldv + 32 * c));
+    return DotI16::i8_chunk<false>(v0 + j * t.ldv, 32 * c, t.H - h0, _mm512_setzero_ps());
   };
 #pragma GCC unroll 8
   for (int j = 0; j < (kFull ? kI16Group : read); j += 2) {
@@ -283,8 +274,8 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int r = 0; r < RB; ++r) __builtin_memcpy(&word[r], &sl.q[r][g * kI16Group + j], 4);
 #pragma GCC unroll 2
     for (int c = 0; c < NC; ++c) {
-      const __m512i a = row(j, c), b = row(j + 1, c);
-      const __m512i lo = _mm512_permutex2var_epi16(a, lo_idx, b), hi = _mm512_permutex2var_epi16(a, hi_idx, b);
+      const DotBf16::Pairs w = DotBf16::pairs(row(j, c), row(j + 1, c));  // int16 pairs, as bf16 ones
+      const __m512i lo = (__m512i)w.lo, hi = (__m512i)w.hi;
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
         const __m512i x = _mm512_set1_epi32(word[r]);
@@ -299,14 +290,9 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     if (__builtin_expect(sl.bad[g][r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
       for (int j = 0; j < read; ++j) {
         const __m512 w = _mm512_set1_ps(sl.w[r][g * kI16Group + j]);
-        for (int c = 0; c < NC; ++c) {
-          const __m512i x = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(hm[c], v0 + j * t.ldv + 32 * c));
-          float* oc = o + 32 * c;
-          _mm512_store_ps(oc, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(x))),
-                                              _mm512_load_ps(oc)));
-          _mm512_store_ps(oc + 16, _mm512_fmadd_ps(w, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(x, 1))),
-                                                   _mm512_load_ps(oc + 16)));
-        }
+        for (int i = 0; i < 2 * NC; ++i)  // the row's int8 values as fp32, zero past H
+          _mm512_store_ps(o + 16 * i, _mm512_fmadd_ps(w, load16_f32(v0 + j * t.ldv, DType::i8, 16 * i, t.H - h0),
+                                                      _mm512_load_ps(o + 16 * i)));
       }
       continue;
     }

@@ -22,6 +22,10 @@ inline __mmask16 first_lanes16(std::int64_t n) {
   return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
 }
 
+inline __mmask32 first_lanes32(std::int64_t n) {
+  return n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
+}
+
 // Lanes i with lo <= i < hi (of 16).
 inline __mmask16 lanes16(std::int64_t lo, std::int64_t hi) {
   return static_cast<__mmask16>(first_lanes16(hi) & ~first_lanes16(lo));
@@ -73,9 +77,7 @@ inline __m512i round2_bf16(__m512 lo, __m512 hi) {
 // 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).
 inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
   if (dtype == DType::bf16) {
-    const std::int64_t n = H - h0;
-    const __mmask32 m = n >= 32 ? __mmask32(0xffffffffu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1u);
-    return _mm512_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(row) + h0);
+    return _mm512_maskz_loadu_epi16(first_lanes32(H - h0), static_cast<const std::uint16_t*>(row) + h0);
   }
   return round2_bf16(load16_f32(row, dtype, h0, H), load16_f32(row, dtype, h0 + 16, H));
 }

@@ -220,6 +220,41 @@ std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const std::vec
   return std::vector<float>(o.as<float>(), o.as<float>() + c.rows * c.ldo);
 }
 
+// Row r of decode_pv_rows' output o (from o0, corr, weights p) against the exact sum, within the fp32
+// bound, and the integers form's (int8 on a set that says so: against the exact products, with each
+// group of 16 keys' int16 weights, |q_j W / 32767 - w_j| <= W (2^-16 + 2^-22), W = max_j |P_j s_j| in
+// the group); the columns past Hp untouched.
+void expect_pv_row(const FlashKernels& k, const PvCase& c, const std::vector<std::uint16_t>& p,
+                   const std::vector<float>& o0, const std::vector<float>& corr, const Rows& vr,
+                   const std::vector<float>& o, int r) {
+  const std::int64_t read = c.nkeys < c.n ? c.nkeys : c.n;  // keys past n count as zero rows
+  const bool integers = vr.dtype == DType::i8 && k.int8_on_integers;
+  const auto P = [&](std::int64_t j) {
+    return static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(r * c.ldp + j)]));
+  };
+  std::vector<double> W((static_cast<std::size_t>(read) + 15) / 16, 0.0);
+  for (std::int64_t j = 0; j < read && integers; ++j)
+    W[static_cast<std::size_t>(j / 16)] = std::max(W[static_cast<std::size_t>(j / 16)],
+                                                   std::fabs(P(j) * vr.scale[static_cast<std::size_t>(j * Rows::kLdScale)]));
+  for (std::int64_t h = 0; h < c.Hp; ++h) {
+    const double start = static_cast<double>(o0[static_cast<std::size_t>(r * c.ldo + h)]) *
+                         (c.corr ? corr[static_cast<std::size_t>(r)] : 1.0f);
+    double exact = start, mag = std::fabs(start), quant = 0.0;
+    for (std::int64_t j = 0; j < read && h < c.H; ++j) {
+      const double v = integers ? exact_int8(vr, j, h) : vr.operand[static_cast<std::size_t>(j * c.H + h)];
+      const double x = P(j) * v;
+      exact += x;
+      mag += std::fabs(x);
+      if (integers)
+        quant += W[static_cast<std::size_t>(j / 16)] * (0x1p-16 + 0x1p-22) *
+                 std::fabs(static_cast<double>(static_cast<const std::int8_t*>(vr.data())[j * vr.ld + h]));
+    }
+    const double bound = (static_cast<double>(c.nkeys) + 4) * 0x1p-23 * mag + (c.nkeys + 1) * 0x1p-120 + quant;
+    ASSERT_NEAR(o[static_cast<std::size_t>(r * c.ldo + h)], exact, bound) << "r " << r << " h " << h;
+  }
+  for (std::int64_t h = c.Hp; h < c.ldo; ++h) ASSERT_EQ(o[static_cast<std::size_t>(r * c.ldo + h)], kSentinel) << "h " << h;
+}
+
 void check_pv_case(const FlashKernels& k, const PvCase& c, const Rows& vr, const Rows& vf, std::mt19937& rng) {
   const std::vector<std::uint16_t> p = make_p(c, rng);
   std::uniform_real_distribution<float> val(-1.0f, 1.0f), cval(0.0f, 1.0f);
@@ -229,37 +264,9 @@ void check_pv_case(const FlashKernels& k, const PvCase& c, const Rows& vr, const
     for (std::int64_t h = 0; h < c.Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
   }
   const std::vector<float> o = run_pv(k, c, p, o0, corr, vr);
-  const std::int64_t read = c.nkeys < c.n ? c.nkeys : c.n;  // keys past n count as zero rows
-  // The integers form (int8 on a set that says so): against the exact products, with each group of 16
-  // keys' int16 weights, |q_j W / 32767 - w_j| <= W (2^-16 + 2^-22), W = max_j |P_j s_j| in the group.
-  const bool integers = vr.dtype == DType::i8 && k.int8_on_integers;
-  const auto P = [&](int r, std::int64_t j) {
-    return static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(r * c.ldp + j)]));
-  };
-  for (int r = 0; r < c.rows; ++r) {
-    std::vector<double> W((static_cast<std::size_t>(read) + 15) / 16, 0.0);
-    for (std::int64_t j = 0; j < read && integers; ++j)
-      W[static_cast<std::size_t>(j / 16)] = std::max(W[static_cast<std::size_t>(j / 16)],
-                                                     std::fabs(P(r, j) * vr.scale[static_cast<std::size_t>(j * Rows::kLdScale)]));
-    for (std::int64_t h = 0; h < c.Hp; ++h) {
-      const double start = static_cast<double>(o0[static_cast<std::size_t>(r * c.ldo + h)]) *
-                           (c.corr ? corr[static_cast<std::size_t>(r)] : 1.0f);
-      double exact = start, mag = std::fabs(start), quant = 0.0;
-      for (std::int64_t j = 0; j < read && h < c.H; ++j) {
-        const double v = integers ? exact_int8(vr, j, h) : vr.operand[static_cast<std::size_t>(j * c.H + h)];
-        const double x = P(r, j) * v;
-        exact += x;
-        mag += std::fabs(x);
-        if (integers)
-          quant += W[static_cast<std::size_t>(j / 16)] * (0x1p-16 + 0x1p-22) *
-                   std::fabs(static_cast<double>(static_cast<const std::int8_t*>(vr.data())[j * vr.ld + h]));
-      }
-      const double bound = (static_cast<double>(c.nkeys) + 4) * 0x1p-23 * mag + (c.nkeys + 1) * 0x1p-120 + quant;
-      ASSERT_NEAR(o[static_cast<std::size_t>(r * c.ldo + h)], exact, bound) << "r " << r << " h " << h;
-    }
-    for (std::int64_t h = c.Hp; h < c.ldo; ++h) ASSERT_EQ(o[static_cast<std::size_t>(r * c.ldo + h)], kSentinel) << "h " << h;
-  }
-  if (vr.dtype != DType::f32 && !integers) {
+  for (int r = 0; r < c.rows; ++r) ASSERT_NO_FATAL_FAILURE(expect_pv_row(k, c, p, o0, corr, vr, o, r));
+  // The operands decide the bits (the products form): the f32 rows holding them give the same O.
+  if (vr.dtype != DType::f32 && !(vr.dtype == DType::i8 && k.int8_on_integers)) {
     ASSERT_EQ(o, run_pv(k, c, p, o0, corr, vf));
   }
 }
@@ -317,8 +324,8 @@ TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
 
 // The integers form's other paths (microkernels.hpp): a Q row with a NaN takes the products form (NaN
 // logits for that row, finite ones for the others); a group of 16 keys whose weights are all below
-// 2^-100 is taken key by key in fp32 (within the fp32 bound of the exact sum, where the int16 weights
-// would have divided by W); a NaN weight makes its row's O NaN.
+// 2^-100 is taken key by key in fp32 (the row's only non-zero group here, within expect_pv_row's bound
+// of it, where the int16 weights would have divided by W); a NaN weight makes its row's O NaN.
 TEST(DecodeKernels, Int8IntegersFormFallbacks) {
   std::mt19937 rng(19);
   int sets = 0;
@@ -336,38 +343,19 @@ TEST(DecodeKernels, Int8IntegersFormFallbacks) {
     for (int row = 0; row < 4; ++row)
       for (std::int64_t j = 0; j < n; ++j)
         ASSERT_EQ(std::isnan(s[static_cast<std::size_t>(row * lds + j)]), row == 1) << "row " << row << " j " << j;
-    // PV: row 0's first group tiny (key by key), row 1 holds a NaN weight, rows 2, 3 plain.
+    // PV: row 0's first group tiny (key by key) and its other weights 0, so that group is its whole
+    // sum; row 1 holds a NaN weight; rows 2, 3 plain.
     PvCase c{4, n, n, H, Hp, n + 32, Hp + 32, false};
     std::vector<std::uint16_t> p = make_p(c, rng);
-    for (std::int64_t j = 0; j < 16; ++j) p[static_cast<std::size_t>(j)] = float_to_bf16_bits(1e-33f * static_cast<float>(j + 1));
+    for (std::int64_t j = 0; j < n; ++j)
+      p[static_cast<std::size_t>(j)] = j < 16 ? float_to_bf16_bits(1e-33f * static_cast<float>(j + 1)) : 0;
     p[static_cast<std::size_t>(c.ldp + 20)] = kNaNBits;
-    const std::vector<float> o0(static_cast<std::size_t>(c.rows * c.ldo), 0.0f), corr;
+    std::vector<float> o0(static_cast<std::size_t>(c.rows * c.ldo), kSentinel);
+    for (int row = 0; row < c.rows; ++row) std::fill_n(o0.begin() + row * c.ldo, Hp, 0.0f);
+    const std::vector<float> corr;
     const std::vector<float> o = run_pv(*k, c, p, o0, corr, r);
-    for (std::int64_t h = 0; h < H; ++h) {
-      double exact = 0.0, mag = 0.0;
-      for (std::int64_t j = 0; j < 16; ++j) {
-        const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) * exact_int8(r, j, h);
-        exact += x;
-        mag += std::fabs(x);
-      }
-      double rest = 0.0, rest_mag = 0.0, quant = 0.0;  // keys 16.. in the integers form, as check_pv_case bounds them
-      for (int g = 1; g < 3; ++g) {
-        double W = 0.0;
-        for (std::int64_t j = 16 * g; j < 16 * g + 16; ++j)
-          W = std::max(W, static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) *
-                              r.scale[static_cast<std::size_t>(j * Rows::kLdScale)]);
-        for (std::int64_t j = 16 * g; j < 16 * g + 16; ++j) {
-          const double x = static_cast<double>(bf16_bits_to_float(p[static_cast<std::size_t>(j)])) * exact_int8(r, j, h);
-          rest += x;
-          rest_mag += std::fabs(x);
-          quant += W * (0x1p-16 + 0x1p-22) * std::fabs(static_cast<double>(static_cast<const std::int8_t*>(r.data())[j * r.ld + h]));
-        }
-      }
-      const double bound = (n + 4) * 0x1p-23 * (mag + rest_mag) + quant + 1e-44;
-      ASSERT_NEAR(o[static_cast<std::size_t>(h)], exact + rest, bound) << "h " << h;
-      ASSERT_TRUE(std::isnan(o[static_cast<std::size_t>(c.ldo + h)])) << "h " << h;
-      ASSERT_FALSE(std::isnan(o[static_cast<std::size_t>(2 * c.ldo + h)])) << "h " << h;
-    }
+    for (int row : {0, 2, 3}) ASSERT_NO_FATAL_FAILURE(expect_pv_row(*k, c, p, o0, corr, r, o, row));
+    for (std::int64_t h = 0; h < H; ++h) ASSERT_TRUE(std::isnan(o[static_cast<std::size_t>(c.ldo + h)])) << "h " << h;
   }
   if (sets == 0) GTEST_SKIP() << "no kernel set here takes int8 in the integers form";
 }
