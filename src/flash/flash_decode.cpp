@@ -16,10 +16,11 @@
 // (O, m, l) are merged in split order, so the result is bitwise the same for any number of threads.
 //
 // Row groups (the KV-cache API, kDecodeMaxRows < G*T <= kDecodeMaxGroupedRows): a task still holds all
-// G*T rows (O, m, l for each), and runs each KV block through the rows in groups of kDecodeMaxRows / G
-// positions, one after another: the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM
-// for the first group and from L2 for the others, so K/V still stream once while the kernels stay the
-// small-tile ones. With G*T <= kDecodeMaxRows there is one group, as before (the same bits).
+// G*T rows (O, m, l for each), and runs each KV block through the rows in groups of
+// decode_max_rows / G positions (kDecodeMaxRows, or 16 on the amx set's tiles), one after another:
+// the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM for the first group and from L2
+// for the others, so K/V still stream once while the kernels stay the small-tile ones. With G*T <=
+// decode_max_rows there is one group.
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
@@ -85,7 +86,7 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.kern = &k;
   plan.pages = pages;
   plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
-  plan.R = p.G * decode_positions(p);
+  plan.R = p.G * decode_positions(p, k);
   plan.Hp = round_up(p.H, kHTile);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
@@ -304,8 +305,8 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
 
 }  // namespace
 
-std::int64_t decode_positions(const Problem& p) {
-  return std::clamp<std::int64_t>(kDecodeMaxRows / std::max<std::int64_t>(p.G, 1), 1,
+std::int64_t decode_positions(const Problem& p, const FlashKernels& k) {
+  return std::clamp<std::int64_t>(k.decode_max_rows / std::max<std::int64_t>(p.G, 1), 1,
                                   std::max<std::int64_t>(block_positions(p), 1));
 }
 

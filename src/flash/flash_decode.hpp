@@ -31,8 +31,8 @@ bool flash_decode_applies(const Problem& p, const FlashKernels& k);
 // decode_positions(p) positions in turn (docs/performance.md, KV cache).
 constexpr std::int64_t kDecodeMaxGroupedRows = 128;
 bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k);
-// Positions per row group: kDecodeMaxRows / G (at least 1), at most T (T when G*T <= kDecodeMaxRows).
-std::int64_t decode_positions(const Problem& p);
+// Positions per row group: k.decode_max_rows / G (at least 1), at most T (T when G*T <= that).
+std::int64_t decode_positions(const Problem& p, const FlashKernels& k);
 
 // Attention for p on k's decode kernels (flash_decode_row_groups_apply(p, k) must hold); K/V rows from
 // `pages` when not null (then B = 1). Results depend on the shapes, block size and page size only,

@@ -32,8 +32,9 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
-// 40: a partial chunk; 64, 128, 256: the fast paths; 288: Hp past the FMA kernels' split Q rows.
-constexpr int kHs[] = {40, 64, 128, 256, 288};
+// 40: a partial chunk; 64, 128, 256: the fast paths; 96: three 32-column chunks (amx tiles); 288: Hp
+// past the FMA kernels' split Q rows and the amx tiles.
+constexpr int kHs[] = {40, 64, 96, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // Every set with decode kernels this machine runs: the paths' own (decode_kernels_for), and on
@@ -158,7 +159,7 @@ void check_qk(const FlashKernels& k, DType dtype, std::int64_t H, std::mt19937& 
     const std::int64_t end = round_up(n, 16), lds = end + 16;
     const Rows kr = make_rows(dtype, n, end, H, rng);
     const Rows kf = as_f32(kr, n, end, H);
-    for (int rows = 1; rows <= kDecodeMaxRows; ++rows) {
+    for (int rows = 1; rows <= k.decode_max_rows; ++rows) {
       SCOPED_TRACE(std::string(k.name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
                    std::to_string(n) + " rows " + std::to_string(rows));
       const QRows q = make_q(rows, H, Hp, rng);
@@ -279,7 +280,7 @@ void check_pv(const FlashKernels& k, DType dtype, std::int64_t H, std::mt19937& 
     const std::int64_t alloc = round_up(n, 2);
     const Rows vr = make_rows(dtype, n, alloc, H, rng);
     const Rows vf = as_f32(vr, n, alloc, H);
-    for (int rows = 1; rows <= kDecodeMaxRows; ++rows)
+    for (int rows = 1; rows <= k.decode_max_rows; ++rows)
       for (bool corr : {false, true}) {
         SCOPED_TRACE(std::string(k.name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
                      std::to_string(n) + " rows " + std::to_string(rows) + (corr ? " corr" : ""));

@@ -27,16 +27,12 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/amx_tiles.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
+namespace amx {
 namespace {
-
-constexpr int kMR = 32;         // rows per register tile
-constexpr int kTileRows = 16;   // rows per hardware tile
-constexpr int kTileBytes = 64;  // bytes per hardware tile row
-// Tile registers (GCC's tile intrinsics take literal register numbers): tmm0, tmm1 C[0][0..1];
-// tmm2, tmm3 C[1][0..1]; tmm4, tmm5 A[0..1]; tmm6, tmm7 B[0..1].
 
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -49,8 +45,10 @@ struct alignas(64) TileConfig {
 
 std::atomic<std::uint64_t> g_config_epoch{1};
 
-// Loads the tile configuration on this thread once per epoch (see the file comment).
-inline void configure_tiles() {
+}  // namespace
+
+// Once per epoch (see the file comment).
+void configure_tiles() {
   static const TileConfig config;
   thread_local std::uint64_t loaded = 0;
   const std::uint64_t epoch = g_config_epoch.load(std::memory_order_relaxed);
@@ -59,6 +57,17 @@ inline void configure_tiles() {
     loaded = epoch;
   }
 }
+
+}  // namespace amx
+
+namespace {
+
+using amx::configure_tiles;
+using amx::kTileBytes;
+using amx::kTileRows;
+constexpr int kMR = 32;  // rows per register tile
+// Tile registers (GCC's tile intrinsics take literal register numbers): tmm0, tmm1 C[0][0..1];
+// tmm2, tmm3 C[1][0..1]; tmm4, tmm5 A[0..1]; tmm6, tmm7 B[0..1].
 
 // Per-thread scratch tiles for partial row tiles and key chunks.
 struct alignas(64) Scratch {
@@ -235,9 +244,12 @@ const FlashKernels& amx_kernels() {
     s.mr = kMR;
     s.qk_tile = qk_tile_32x32;
     s.pv_tile = pv_tile_32x32;
+    s.decode_qk_rows = amx_decode_qk_rows;
+    s.decode_pv_rows = amx_decode_pv_rows;
+    s.decode_max_rows = kAmxDecodeMaxRows;
     return s;
   }();
-  g_config_epoch.fetch_add(1, std::memory_order_relaxed);
+  amx::g_config_epoch.fetch_add(1, std::memory_order_relaxed);
   return k;
 }
 

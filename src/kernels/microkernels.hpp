@@ -83,15 +83,23 @@
 // between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
 // pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
 // of 32). The decode path takes its set from decode_kernels_for(): a bf16-pair path's own set, or for
-// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is 1..kDecodeMaxRows. The kernels issue no software prefetch: reading the rows
-// line after line lets the hardware prefetchers run the stream (docs/performance.md, decode I); the
-// policy prefetches where they cannot (small pages, and the overlap of flash_decode.cpp).
+// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is
+// 1..decode_max_rows (kDecodeMaxRows; amx: kAmxDecodeMaxRows, its row groups). The kernels issue no
+// software prefetch: reading the rows line after line lets the hardware prefetchers run the stream
+// (docs/performance.md, decode I); the policy prefetches where they cannot (small pages, and the
+// overlap of flash_decode.cpp). The amx set's kernels (kernels_amx_decode.cpp) run calls of 8 rows or
+// more on the tile unit, whose tiles read 16 K rows a column chunk at a time (not address order) and
+// sum P V per 16 keys of the call (below).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
 //                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
 //                   order; lds >= round_up(n, 16)).
 //   decode_pv_rows: O[r][h] = O[r][h] * corr[r] + sum_{j<nkeys} P[r][j] V[j][h] for h < Hp (corr null:
 //                   no rescale; nkeys even, <= round_up(n, 2); keys j >= n are not read and count
-//                   as zero rows; each O element accumulates its keys in increasing j).
+//                   as zero rows; each O element accumulates its keys in increasing j: one by one,
+//                   or on the amx tiles in steps of 16 keys of the call, each step's sum as
+//                   tdpbf16ps forms it, so calls cut at multiples of 16 keys give the bits of one).
+// The operands decide the bits: a bf16 or f16 row gives the bits of the f32 row holding its bf16
+// operands (each set takes the same path for every float dtype).
 // int8 rows (the KV-cache API's quantized cache, x_j the int8 row of key j, s_j = scale[j * ld_scale];
 // scale is null for the float dtypes), in one of two forms, as the set's int8_on_integers says:
 //   products (false): key j's operand is the fp32 product x_j[h] * s_j, rounded to bf16
@@ -199,6 +207,7 @@ struct PackSource {
 
 // Decode (see the contract above).
 constexpr int kDecodeMaxRows = 8;
+constexpr int kAmxDecodeMaxRows = 16;
 
 struct DecodeQk {
   float* s;  // [rows][lds] fp32 logits
@@ -211,7 +220,7 @@ struct DecodeQk {
   std::int64_t n;    // keys
   std::int64_t H, Hp;
   float scale;
-  int rows;  // 1..kDecodeMaxRows
+  int rows;  // 1..the set's decode_max_rows
   const float* k_scale = nullptr;  // int8 K: key j's scale at k_scale[j * ld_scale]; else null
   std::int64_t ld_scale = 0;
 };
@@ -228,7 +237,7 @@ struct DecodePv {
   std::int64_t nkeys;  // keys to accumulate: even, <= round_up(n, 2)
   std::int64_t H, Hp;
   const float* corr;  // [rows] rescale factors, or null
-  int rows;           // 1..kDecodeMaxRows
+  int rows;           // 1..the set's decode_max_rows
   const float* v_scale = nullptr;  // int8 V: key j's scale at v_scale[j * ld_scale]; else null
   std::int64_t ld_scale = 0;
 };
@@ -269,6 +278,9 @@ struct FlashKernels {
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
   // The decode kernels take int8 K/V in the integers form (see the decode contract above).
   bool int8_on_integers = false;
+  // The most rows a decode kernel call takes (the decode path's row groups): kDecodeMaxRows, or
+  // kAmxDecodeMaxRows for the amx set, whose tiles hold 16.
+  int decode_max_rows = kDecodeMaxRows;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
@@ -311,6 +323,10 @@ void avx512bf16_decode_pv_rows(const DecodePv& t);
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_fma_decode_pv_rows(const DecodePv& t);
 const FlashKernels& avx512bf16_fma_decode_kernels();
+// The amx set's decode kernels (kernels_amx_decode.cpp): bf16 K/V rows with H a multiple of 32 (at most
+// 256, 160 and 224 excepted) on the tile unit, the rest on avx512bf16_decode_qk_rows / _pv_rows.
+void amx_decode_qk_rows(const DecodeQk& t);
+void amx_decode_pv_rows(const DecodePv& t);
 // The neon-bf16 set's decode kernels (kernels_neon_bf16_decode_qk.cpp, kernels_neon_bf16_decode_pv.cpp).
 void neon_bf16_decode_qk_rows(const DecodeQk& t);
 void neon_bf16_decode_pv_rows(const DecodePv& t);

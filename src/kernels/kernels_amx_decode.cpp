@@ -1,0 +1,320 @@
+// The AMX set's decode kernels (contract in microkernels.hpp): calls of kTileMinRows rows or more, on
+// float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit; the rest go to the
+// avx512bf16 vector kernels (the FMA ones where vdpbf16ps is half rate), at most kDecodeMaxRows rows
+// a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
+// configuration of kernels_amx.cpp (all tiles 16 rows x 64 bytes); up to kAmxDecodeMaxRows (16) rows.
+//
+// Why: the decode path runs T >= 2 new tokens in row groups that each take the KV block again (from
+// L2 after the first), and the vector kernels spend ~60 ns per key at 8 rows (H = 128) on a Sapphire
+// Rapids core. A tdpbf16ps takes ~16 cycles whatever its shape (measured there), so the rows of a
+// group cost the tile unit little, and a group can hold 16 rows, not 8:
+//   Q.K as S^T = K Q^T: A is 16 K rows (64 bytes of each) loaded straight from bf16 rows (staged,
+//     rounded to bf16, from others), B is Q^T (the word pairs of the Q rows as its columns, built once
+//     per block: pieces of a block share it), C is 16 keys x 16 columns; row r of S is column r of C
+//     (a gather per row and 16 keys). Each key's logit is computed on its own, so its bits do not
+//     depend on how the keys are cut into calls.
+//   P.V as O = P V: A is P's 16 keys (words 0..7 of each row, the rest zero), B is the V rows of those
+//     16 keys as word pairs (interleaved here: vpunpck{l,h}wd, which leaves the columns of each 32 in
+//     the order 0-3, 8-11, .., 4-7, 12-15, ..; O goes through a scratch in that order), C is O itself
+//     (4 tiles, 64 columns: the columns go in groups of 64, each a pass over the call's keys). Steps
+//     of 16 keys, not 32: a tdpbf16ps does not sum 32 keys as two 16-key steps would (checked on
+//     Sapphire Rapids), so the keys are summed per 16 of the call, and calls cut at multiples of 16
+//     (pages, the overlap's pieces) give the bits of one call.
+// The operands, not their dtype, decide the bits: f16 and f32 rows take the tiles as the bf16 rows
+// holding their rounded values do. Measured (docs/performance.md, session 12): with K/V in L2 these
+// kernels take ~25 ns per key at 8 rows (the FMA ones ~60); with K/V streaming from DRAM at 4 rows
+// (T = 1 at G = 4) they were slower than the vector kernels (the tiles read 16 rows a column chunk at a
+// time, which the hardware prefetchers do not follow), hence kTileMinRows.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.hpp"
+#include "kernels/amx_tiles.hpp"
+#include "kernels/avx512_helpers.hpp"
+#include "kernels/cpu_features.hpp"
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+using amx::kTileBytes;
+using amx::kTileRows;
+constexpr int kMaxHp = 256;                 // the widest rows on the tile unit
+constexpr int kMaxChunks = kMaxHp / 32;     // 32-column chunks of a row
+constexpr int kKeys = 16;                   // keys per tile step
+constexpr int kTileMinRows = 8;             // fewer rows a call go to the vector kernels
+using word_t = std::uint32_t __attribute__((may_alias));
+
+// Float rows (int8 stays in the vector kernels' integers form) of a width the tiles take: 32-column
+// chunks, an even count of them past 4 (qk_steps loads B two chunks at a time there).
+bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
+  return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
+}
+
+// ---- Q.K ----
+
+struct alignas(64) QkScratch {
+  word_t qt[kMaxChunks][kTileRows][16];  // B per chunk: word w of Q row r at [w][r], columns >= rows zero
+  std::uint16_t q[kTileRows][kMaxHp];       // the Q rows qt was built from
+  int rows = 0, Hp = 0;                      // 0: qt not built
+  // Staged K tiles (rows Hp apart): a partial last tile, zero padded, or rows of another dtype rounded
+  // to bf16; four, so that a step's stores need not wait for the previous step's tile loads.
+  alignas(64) std::uint16_t k[4][kTileRows * kMaxHp];
+  alignas(64) float c[2][kTileRows][16];               // two C tiles: [key][row]
+};
+thread_local QkScratch t_qk;
+
+// Builds qt from the call's Q rows unless it holds them already (pieces of one block share them).
+void load_q(const DecodeQk& t, QkScratch& w) {
+  const auto* q = static_cast<const std::uint16_t*>(t.q);
+  bool same = w.rows == t.rows && w.Hp == t.Hp;
+  for (int r = 0; r < t.rows && same; ++r) same = std::memcmp(w.q[r], q + r * t.ldq, t.Hp * 2) == 0;
+  if (same) return;
+  std::memset(w.qt, 0, sizeof w.qt);
+  for (int r = 0; r < t.rows; ++r) {
+    std::memcpy(w.q[r], q + r * t.ldq, t.Hp * 2);
+    const auto* words = reinterpret_cast<const word_t*>(w.q[r]);
+    for (std::int64_t i = 0; i < t.Hp / 2; ++i) w.qt[i / 16][i % 16][r] = words[i];
+  }
+  w.rows = t.rows, w.Hp = static_cast<int>(t.Hp);
+}
+
+// S[r][j0 + i] = scale C[i][r] for the 16 keys of one stored C tile; columns at or past n zero.
+inline void store_s(const DecodeQk& t, const float (*c)[16], std::int64_t j0) {
+  const __m512i keys = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(16));
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  const __mmask16 live = first_lanes16(t.n - j0);
+  for (int r = 0; r < t.rows; ++r)
+    _mm512_storeu_ps(t.s + r * t.lds + j0,
+                     _mm512_maskz_mul_ps(live, _mm512_i32gather_ps(keys, &c[0][r], 4), scale));
+}
+
+// The steps of the reduction for C tiles tmm0 (keys at a0) and, with kTwo, tmm1 (keys at a1): A in
+// tmm2 and tmm3, B (Q^T chunk c) in tmm(4 + c) when resident, else loaded into tmm4 or tmm5. (GCC's
+// tile intrinsics take literal register numbers, hence the macro.)
+#define FLASHGQA_QK_STEP(B, c)                                 \
+  do {                                                         \
+    _tile_loadd(2, a0 + (c) * kTileBytes, ld0);                \
+    if constexpr (kTwo) _tile_loadd(3, a1 + (c) * kTileBytes, ld1); \
+    _tile_dpbf16ps(0, 2, B);                                   \
+    if constexpr (kTwo) _tile_dpbf16ps(1, 3, B);               \
+  } while (0)
+template <int kNc, bool kTwo>
+inline void qk_steps(const char* a0, std::int64_t ld0, const char* a1, std::int64_t ld1, const QkScratch& w) {
+  if constexpr (kNc <= 4) {
+    FLASHGQA_QK_STEP(4, 0);
+    if constexpr (kNc > 1) FLASHGQA_QK_STEP(5, 1);
+    if constexpr (kNc > 2) FLASHGQA_QK_STEP(6, 2);
+    if constexpr (kNc > 3) FLASHGQA_QK_STEP(7, 3);
+  } else {
+    for (int c = 0; c < kNc; c += 2) {
+      _tile_loadd(4, w.qt[c], kTileBytes);
+      FLASHGQA_QK_STEP(4, c);
+      _tile_loadd(5, w.qt[c + 1], kTileBytes);
+      FLASHGQA_QK_STEP(5, c + 1);
+    }
+  }
+}
+#undef FLASHGQA_QK_STEP
+
+// The A tile of keys [j, j + 16): straight from the rows when they are bf16 and all there, else staged
+// in w.k[slot] (rounded to bf16 as load32_bf16 does; rows at or past n zero).
+struct KeyTile {
+  const char* at;
+  std::int64_t ld;  // bytes
+};
+inline KeyTile key_tile(const DecodeQk& t, std::int64_t j, QkScratch& w, int slot) {
+  const std::int64_t ldk = t.ldk * static_cast<std::int64_t>(dtype_size(t.k_dtype));
+  const char* rows = static_cast<const char*>(t.k) + j * ldk;
+  if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
+  std::uint16_t* dst = w.k[slot];
+  for (int i = 0; i < kTileRows; ++i)
+    for (std::int64_t h = 0; h < t.Hp; h += 32)
+      _mm512_store_si512(dst + i * t.Hp + h,
+                         j + i < t.n ? load32_bf16(rows + i * ldk, t.k_dtype, h, t.H) : _mm512_setzero_si512());
+  return {reinterpret_cast<const char*>(dst), t.Hp * 2};
+}
+
+template <int kNc>
+void qk_rows(const DecodeQk& t) {
+  QkScratch& w = t_qk;
+  load_q(t, w);
+  if constexpr (kNc <= 4) {
+    _tile_loadd(4, w.qt[0], kTileBytes);
+    if constexpr (kNc > 1) _tile_loadd(5, w.qt[1], kTileBytes);
+    if constexpr (kNc > 2) _tile_loadd(6, w.qt[2], kTileBytes);
+    if constexpr (kNc > 3) _tile_loadd(7, w.qt[3], kTileBytes);
+  }
+  std::int64_t j = 0;
+  for (int step = 0; j + 2 * kKeys <= t.n; j += 2 * kKeys, ++step) {
+    const KeyTile a0 = key_tile(t, j, w, 2 * (step & 1)), a1 = key_tile(t, j + kKeys, w, 2 * (step & 1) + 1);
+    _tile_zero(0);
+    _tile_zero(1);
+    qk_steps<kNc, true>(a0.at, a0.ld, a1.at, a1.ld, w);
+    _tile_stored(0, w.c[0], kTileBytes);
+    _tile_stored(1, w.c[1], kTileBytes);
+    store_s(t, w.c[0], j);
+    store_s(t, w.c[1], j + kKeys);
+  }
+  for (; j < t.n; j += kKeys) {
+    const KeyTile a = key_tile(t, j, w, 0);
+    _tile_zero(0);
+    qk_steps<kNc, false>(a.at, a.ld, a.at, a.ld, w);
+    _tile_stored(0, w.c[0], kTileBytes);
+    store_s(t, w.c[0], j);
+  }
+}
+
+// ---- P.V ----
+
+struct alignas(64) PvScratch {
+  float o[kTileRows][kMaxHp];           // O rows, each 32 columns in the order of the B tiles
+  // Two of each, for alternate steps: a step's stores then need not wait for the previous step's
+  // tile loads to read the same lines (2x faster measured).
+  std::uint16_t a[2][kTileRows][32];     // A: P's 16 keys in words 0..7 of each row; words 8..15 stay 0
+  std::uint16_t b[2][4][kTileRows][32];  // B: word rows 0..7 the V pairs; rows 8..15 stay 0
+};
+thread_local PvScratch t_pv;
+
+// The order of a 32-column block in the scratch: lane l of its first 16 is column 8 (l / 4) + l % 4,
+// of its second 16 that plus 4 (what vpunpcklwd / vpunpckhwd of two rows' 32 columns give).
+inline __m512i to_tiles_index(int half) {
+  alignas(64) std::int32_t idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = 8 * (l / 4) + l % 4 + 4 * half;
+  return _mm512_load_si512(idx);
+}
+inline __m512i from_tiles_index(int half) {  // the inverse, over the two 16-lane halves
+  alignas(64) std::int32_t idx[16];
+  for (int l = 0; l < 16; ++l) {
+    const int c = 16 * half + l, rem = c % 8, q = c / 8;
+    idx[l] = rem < 4 ? 4 * q + rem : 16 + 4 * q + rem - 4;
+  }
+  return _mm512_load_si512(idx);
+}
+
+// One pass over the call's keys for the columns [h0, h0 + 32 kBlocks) (C tiles tmm0 .. tmm(2 kBlocks - 1)).
+template <int kBlocks>
+void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
+  constexpr std::int64_t kLdo = kMaxHp * 4;
+  _tile_loadd(0, &w.o[0][h0], kLdo);
+  _tile_loadd(1, &w.o[0][h0 + 16], kLdo);
+  if constexpr (kBlocks > 1) {
+    _tile_loadd(2, &w.o[0][h0 + 32], kLdo);
+    _tile_loadd(3, &w.o[0][h0 + 48], kLdo);
+  }
+  const auto* p = static_cast<const std::uint16_t*>(t.p);
+  const char* v = static_cast<const char*>(t.v);
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(t.v_dtype)), ldv = t.ldv * esize;
+  const std::int64_t have = t.n < t.nkeys ? t.n : t.nkeys;
+  // 32 columns [h0 + 32 c, ..) of a V row, as bf16 (rounded as load32_bf16 does).
+  const auto load = [&](const char* row, int c) {
+    return t.v_dtype == DType::bf16 ? _mm512_loadu_si512(row + (h0 + 32 * c) * 2)
+                                    : load32_bf16(row, t.v_dtype, h0 + 32 * c, t.H);
+  };
+  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kKeys) {
+    const __mmask16 live = first_lanes16(t.nkeys - j0);
+    auto& a = w.a[(j0 / kKeys) & 1];
+    auto& b = w.b[(j0 / kKeys) & 1];
+    for (int r = 0; r < t.rows; ++r)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(a[r]), _mm256_maskz_loadu_epi16(live, p + r * t.ldp + j0));
+    for (int i = 0; i < kKeys / 2; ++i) {
+      const std::int64_t j = j0 + 2 * i;
+      const char* ra = v + j * ldv;
+      for (int c = 0; c < kBlocks; ++c) {
+        const __m512i x = j < have ? load(ra, c) : _mm512_setzero_si512();
+        const __m512i y = j + 1 < have ? load(ra + ldv, c) : _mm512_setzero_si512();
+        _mm512_store_si512(b[2 * c][i], _mm512_unpacklo_epi16(x, y));
+        _mm512_store_si512(b[2 * c + 1][i], _mm512_unpackhi_epi16(x, y));
+      }
+    }
+    _tile_loadd(4, a, kTileBytes);
+    _tile_loadd(5, b[0], kTileBytes);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, b[1], kTileBytes);
+    _tile_dpbf16ps(1, 4, 6);
+    if constexpr (kBlocks > 1) {
+      _tile_loadd(7, b[2], kTileBytes);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, b[3], kTileBytes);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, &w.o[0][h0], kLdo);
+  _tile_stored(1, &w.o[0][h0 + 16], kLdo);
+  if constexpr (kBlocks > 1) {
+    _tile_stored(2, &w.o[0][h0 + 32], kLdo);
+    _tile_stored(3, &w.o[0][h0 + 48], kLdo);
+  }
+}
+
+void pv_rows(const DecodePv& t) {
+  PvScratch& w = t_pv;
+  const __m512i to0 = to_tiles_index(0), to1 = to_tiles_index(1);
+  for (int r = 0; r < t.rows; ++r) {  // O corr into the scratch, in the tiles' column order
+    const __m512 f = _mm512_set1_ps(t.corr != nullptr ? t.corr[r] : 1.0f);
+    for (std::int64_t h = 0; h < t.Hp; h += 32) {
+      __m512 lo = _mm512_load_ps(t.o + r * t.ldo + h), hi = _mm512_load_ps(t.o + r * t.ldo + h + 16);
+      if (t.corr != nullptr) lo = _mm512_mul_ps(lo, f), hi = _mm512_mul_ps(hi, f);
+      _mm512_store_ps(&w.o[r][h], _mm512_permutex2var_ps(lo, to0, hi));
+      _mm512_store_ps(&w.o[r][h + 16], _mm512_permutex2var_ps(lo, to1, hi));
+    }
+  }
+  std::int64_t h = 0;
+  for (; h + 64 <= t.Hp; h += 64) pv_columns<2>(t, w, h);
+  if (h < t.Hp) pv_columns<1>(t, w, h);
+  const __m512i from0 = from_tiles_index(0), from1 = from_tiles_index(1);
+  for (int r = 0; r < t.rows; ++r)
+    for (std::int64_t c = 0; c < t.Hp; c += 32) {
+      const __m512 x = _mm512_load_ps(&w.o[r][c]), y = _mm512_load_ps(&w.o[r][c + 16]);
+      _mm512_store_ps(t.o + r * t.ldo + c, _mm512_permutex2var_ps(x, from0, y));
+      _mm512_store_ps(t.o + r * t.ldo + c + 16, _mm512_permutex2var_ps(x, from1, y));
+    }
+}
+
+// The vector kernels, for what the tiles do not take: the FMA ones where vdpbf16ps is half rate, on
+// at most kDecodeMaxRows rows a call (each row's results are its own: the same bits either way).
+void vector_qk_rows(DecodeQk t) {
+  const auto kernel = bf16_dot_half_rate() ? avx512bf16_fma_decode_qk_rows : avx512bf16_decode_qk_rows;
+  for (int rows = t.rows; rows > 0; rows -= kDecodeMaxRows) {
+    t.rows = rows < kDecodeMaxRows ? rows : kDecodeMaxRows;
+    kernel(t);
+    t.s += kDecodeMaxRows * t.lds;
+    t.q = static_cast<const std::uint16_t*>(t.q) + kDecodeMaxRows * t.ldq;
+  }
+}
+void vector_pv_rows(DecodePv t) {
+  const auto kernel = bf16_dot_half_rate() ? avx512bf16_fma_decode_pv_rows : avx512bf16_decode_pv_rows;
+  for (int rows = t.rows; rows > 0; rows -= kDecodeMaxRows) {
+    t.rows = rows < kDecodeMaxRows ? rows : kDecodeMaxRows;
+    kernel(t);
+    t.o += kDecodeMaxRows * t.ldo;
+    t.p = static_cast<const std::uint16_t*>(t.p) + kDecodeMaxRows * t.ldp;
+    if (t.corr != nullptr) t.corr += kDecodeMaxRows;
+  }
+}
+
+}  // namespace
+
+void amx_decode_qk_rows(const DecodeQk& t) {
+  if (t.rows < kTileMinRows || !on_tiles(t.k_dtype, t.H, t.Hp)) return vector_qk_rows(t);
+  amx::configure_tiles();
+  switch (t.Hp / 32) {
+    case 1: return qk_rows<1>(t);
+    case 2: return qk_rows<2>(t);
+    case 3: return qk_rows<3>(t);
+    case 4: return qk_rows<4>(t);
+    case 6: return qk_rows<6>(t);
+    default: return qk_rows<8>(t);
+  }
+}
+
+void amx_decode_pv_rows(const DecodePv& t) {
+  if (t.rows < kTileMinRows || !on_tiles(t.v_dtype, t.H, t.Hp)) return vector_pv_rows(t);
+  amx::configure_tiles();
+  pv_rows(t);
+}
+
+}  // namespace flashgqa
