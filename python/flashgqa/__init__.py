@@ -420,7 +420,8 @@ def quantize_kv(x):
 def kvcache_int8_form():
     """How :func:`attention_with_kvcache` computes with an int8 cache on this machine's path
     (precision "bf16", G <= 8 and G*T <= 128): ``"products"``, the bits of a float32 cache holding
-    ``x_int8 * scale``; or ``"integers"`` (AVX-512 BF16 and AMX CPUs: vpdpwssd), the int8 values
+    ``x_int8 * scale``; or ``"integers"`` (AVX-512 BF16 and AMX CPUs: vpdpwssd; AVX2 CPUs without AVX-512:
+    vpmaddwd, the same bits), the int8 values
     as they are, each query row and each 16 keys' softmax weights (times the V scales) quantized
     to int16, the scales applied after exact integer sums: faster, within the error bound stated in
     ``src/reference/tolerance.hpp`` (ExtraError).

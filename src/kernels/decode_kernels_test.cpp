@@ -391,6 +391,30 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
           }
         }
 }
+
+// The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
+// set's vpmaddwd kernels and the avx512bf16 set's vpdpwssd ones give the same S and O, H <= 256 (wider
+// Q.K rows take the products form, whose sums each set orders its own way).
+TEST(DecodeKernels, IntegersFormIsTheSameOnAvx2AndVnni) {
+  if (!isa_supported(Isa::avx512bf16)) GTEST_SKIP() << "no AVX512_BF16 (and VNNI) here";
+  const FlashKernels& a = avx2_decode_kernels();
+  const FlashKernels& b = avx512bf16_kernels();
+  ASSERT_TRUE(a.int8_on_integers && b.int8_on_integers);
+  std::mt19937 rng(19);
+  for (std::int64_t H : {40, 64, 128, 256})
+    for (std::int64_t n : {1, 17, 64, 333})
+      for (int rows : {1, 3, 4, 8}) {
+        SCOPED_TRACE("H " + std::to_string(H) + " n " + std::to_string(n) + " rows " + std::to_string(rows));
+        const std::int64_t Hp = round_up(H, kHTile), lds = round_up(n, 16) + 16;
+        const Rows r = make_rows(DType::i8, n, round_up(n, 16), H, rng);
+        const QRows q = make_q(rows, H, Hp, rng);
+        const PvCase c{rows, n, round_up(n, 2), H, Hp, round_up(n, 16) + 32, Hp + 32, true};
+        const std::vector<std::uint16_t> p = make_p(c, rng);
+        std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), 0.5f), corr(static_cast<std::size_t>(rows), 0.75f);
+        ASSERT_EQ(run_qk(a, q, r, rows, n, H, Hp, 0.125f, lds), run_qk(b, q, r, rows, n, H, Hp, 0.125f, lds));
+        ASSERT_EQ(run_pv(a, c, p, o0, corr, r), run_pv(b, c, p, o0, corr, r));
+      }
+}
 #endif
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The AVX2 + FMA kernel set (fp32 operand family, contract in microkernels.hpp), for x86-64 CPUs
-// without AVX-512. Compiled with -mavx2 -mfma -mf16c (CMakeLists.txt, this file only).
+// without AVX-512. Compiled with -mavx2 -mfma -mf16c (CMakeLists.txt). avx2_decode_kernels() below is
+// the path's decode set (its kernels in kernels_avx2_decode_qk.cpp, _pv.cpp).
 //
 // Register tile 6 x 32, computed as two 6 x 16 halves: 12 ymm accumulators + 2 panel vectors + 1
 // broadcast fit the 16 ymm registers; per reduction step 2 loads and 6 broadcasts feed 12 FMAs.
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/avx2_helpers.hpp"
 #include "kernels/exp_poly.hpp"
 #include "kernels/microkernels.hpp"
 #include "kernels/tanh_poly.hpp"
@@ -18,52 +20,6 @@ namespace flashgqa {
 namespace {
 
 constexpr int kMR = 6;
-
-// 8 values row[h0 .. h0+8) as fp32, zero at or beyond H.
-__m256 load8_f32(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
-  const std::int64_t n = H - h0;
-  if (n >= 8) {
-    switch (dtype) {
-      case DType::f32: return _mm256_loadu_ps(static_cast<const float*>(row) + h0);
-      case DType::bf16: {
-        const __m128i b =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
-      }
-      case DType::f16:
-        return _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0)));
-      case DType::i8: break;  // below
-    }
-  }
-  if (dtype == DType::i8) {  // unscaled values (no packer is given int8 rows: the KV-cache API dequantizes)
-    alignas(32) float buf[8] = {};
-    for (std::int64_t i = 0; i < n && i < 8; ++i) buf[i] = static_cast<const std::int8_t*>(row)[h0 + i];
-    return _mm256_load_ps(buf);
-  }
-  // Tail: copy the valid elements into a zeroed buffer first.
-  alignas(32) std::uint32_t buf32[8] = {};
-  alignas(16) std::uint16_t buf16[8] = {};
-  for (std::int64_t i = 0; i < n && i < 8; ++i) {
-    if (dtype == DType::f32)
-      buf32[i] = static_cast<const std::uint32_t*>(row)[h0 + i];
-    else
-      buf16[i] = static_cast<const std::uint16_t*>(row)[h0 + i];
-  }
-  if (dtype == DType::f32) return _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(buf32)));
-  return load8_f32(buf16, dtype, 0, 8);
-}
-
-// x rounded to nearest even bf16 (as fp32), NaN quieted: identical to round_to_bf16.
-__m256 round_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan);
-}
 
 __m256 load8_operand(const void* row, const PackSource& s, std::int64_t h0) {
   const __m256 x = load8_f32(row, s.dtype, h0, s.H);
@@ -230,13 +186,15 @@ void pv_tile_6x32(const PvTile& t) {
   with_rows<kMR>(t.rows, [&](auto r) { pv_rows<decltype(r)::value>(t); });
 }
 
-bool softmax_tile(const SoftmaxTile& t) {
+// The online softmax over the tile (contract in microkernels.hpp); write(r, j, e) stores keys
+// j .. j+8 of row r's weights (e unrounded; the sums take it as it is).
+template <typename Write>
+bool softmax_rows(const SoftmaxTile& t, const Write& write) {
   const __m256 log2e = _mm256_set1_ps(exp_poly::kLog2e);
   const float neg_inf = -__builtin_inff();
   alignas(32) float m_old[8] = {}, m_use[8] = {}, sums[8] = {};
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * t.lds;
-    float* p = static_cast<float*>(t.p) + r * t.ldp;
     const std::int64_t lo = t.lo ? t.lo[r] : 0, hi = t.lo ? t.hi[r] : t.n;
     // Running max over the unmasked keys [lo, hi).
     __m256 mx = _mm256_set1_ps(neg_inf);
@@ -258,9 +216,8 @@ bool softmax_tile(const SoftmaxTile& t) {
         e = exp2_poly(_mm256_fmadd_ps(_mm256_load_ps(s + j), log2e, neg_m));
         if (j < lo || j + 8 > hi) e = _mm256_and_ps(e, lanes_in(j, lo, hi));
         sum = _mm256_add_ps(sum, e);
-        if (t.round_p) e = round_bf16(e);
       }
-      _mm256_store_ps(p + j, e);
+      write(r, j, e);
     }
     sums[r] = hsum(sum);
   }
@@ -277,6 +234,22 @@ bool softmax_tile(const SoftmaxTile& t) {
   return moved;
 }
 
+// P as fp32, rounded to bf16 under Precision::bf16.
+bool softmax_tile(const SoftmaxTile& t) {
+  return softmax_rows(t, [&t](int r, std::int64_t j, __m256 e) {
+    _mm256_store_ps(static_cast<float*>(t.p) + r * t.ldp + j, t.round_p ? round_bf16(e) : e);
+  });
+}
+
+// The decode set's P: bf16 (nearest even by round_bf16), pairs along keys are words.
+bool softmax_tile_bf16(const SoftmaxTile& t) {
+  return softmax_rows(t, [&t](int r, std::int64_t j, __m256 e) {
+    const __m256i w = bf16_words(e, e);  // words 0..7 are e's, in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(t.p) + r * t.ldp + j),
+                     _mm256_castsi256_si128(w));
+  });
+}
+
 const void* key_row(const PackSource& s, std::int64_t j) {
   const std::int64_t esize = s.dtype == DType::f32 ? 4 : 2;
   return static_cast<const char*>(s.src) + j * s.ld * esize;
@@ -286,6 +259,14 @@ const void* key_row(const PackSource& s, std::int64_t j) {
 void pack_q_row(void* dst, const PackSource& s) {
   auto* d = static_cast<float*>(dst);
   for (std::int64_t h = 0; h < s.Hp; h += 8) _mm256_store_ps(d + h, load8_operand(s.src, s, h));
+}
+
+// The decode set's Q rows: bf16 words, zero past H.
+void pack_q_row_bf16(void* dst, const PackSource& s) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  for (std::int64_t h = 0; h < s.Hp; h += 16)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(d + h),
+                       load16_bf16(static_cast<const char*>(s.src), s.dtype, h, s.H, 1.0f));
 }
 
 // 8x8 transpose of fp32.
@@ -338,6 +319,25 @@ void pack_v(void* dst, const PackSource& s) {
 }
 
 }  // namespace
+
+const FlashKernels& avx2_decode_kernels() {
+  static const FlashKernels k{.name = "avx2 (decode)",
+                              .operand_bytes = 2,
+                              .mr = 0,
+                              .qk_tile = nullptr,
+                              .pv_tile = nullptr,
+                              .softmax_tile = softmax_tile_bf16,
+                              .exp_n = exp_n,
+                              .softcap_n = softcap_n,
+                              .pack_q_row = pack_q_row_bf16,
+                              .pack_k = nullptr,
+                              .pack_v = nullptr,
+                              .decode_qk_rows = avx2_decode_qk_rows,
+                              .decode_pv_rows = avx2_decode_pv_rows,
+                              .softmax_grad_pack = nullptr,
+                              .int8_on_integers = true};
+  return k;
+}
 
 const FlashKernels& avx2_kernels() {
   static const FlashKernels k{.name = "avx2",

@@ -53,6 +53,7 @@ const FlashKernels& decode_kernels_for(Isa isa, Precision precision) {
 #ifdef FLASHGQA_X86_KERNELS
   if (precision == Precision::bf16) {
     if (isa == Isa::avx512f) return avx512f_decode_kernels();
+    if (isa == Isa::avx2) return avx2_decode_kernels();
     if (isa == Isa::avx512bf16 && bf16_dot_half_rate()) return avx512bf16_fma_decode_kernels();
   }
 #endif

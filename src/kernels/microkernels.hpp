@@ -83,7 +83,8 @@
 // between keys), whole rows in address order, never packed; the bf16-pair family only (Q rows as
 // pack_q_row writes them, P as softmax_tile writes it; Q and O 64-byte aligned with ldq, ldo multiples
 // of 32). The decode path takes its set from decode_kernels_for(): a bf16-pair path's own set, or for
-// avx512f (fp32 family) avx512f_decode_kernels(), a bf16-pair set of its own that only decodes. `rows` is
+// avx512f and avx2 (fp32 family) avx512f_decode_kernels() and avx2_decode_kernels(), bf16-pair sets of
+// their own that only decode. `rows` is
 // 1..decode_max_rows (kDecodeMaxRows; amx: kAmxDecodeMaxRows, its row groups). The kernels issue no
 // software prefetch: reading the rows line after line lets the hardware prefetchers run the stream
 // (docs/performance.md, decode I); the policy prefetches where they cannot (small pages, and the
@@ -105,8 +106,8 @@
 //   products (false): key j's operand is the fp32 product x_j[h] * s_j, rounded to bf16
 //     (vcvtne2ps2bf16 or BFCVT, nearest even; a subnormal product may flush to zero, within the
 //     subnormal allowance above): the value a float32 row holding that product would give.
-//   integers (true: avx512bf16, which requires AVX512_VNNI; vpdpwssd): nothing is rounded before the
-//     sums, which are exact int32.
+//   integers (true: avx512bf16, which requires AVX512_VNNI, on vpdpwssd; avx2 on vpmaddwd, the same bits):
+//     nothing is rounded before the sums, which are exact int32.
 //     decode_qk_rows (H <= 256; wider rows, whose sums could pass 2^31, take the products form): each Q row is quantized once per call against its largest |q|, m:
 //       q_int[h] = round(q[h] * fl(32767 / m)) (int16, nearest even; all 0 when m = 0), and
 //       S[r][j] = fl(fl(float(sum_h q_int[h] x_j[h]) * fl(scale * fl(m / 32767))) * s_j).
@@ -284,7 +285,8 @@ struct FlashKernels {
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
-// when it has decode kernels; under Precision::bf16 for avx512f, avx512f_decode_kernels(), and for
+// when it has decode kernels; under Precision::bf16 for avx512f, avx512f_decode_kernels(), for avx2,
+// avx2_decode_kernels(), and for
 // avx512bf16 where bf16_dot_half_rate(), avx512bf16_fma_decode_kernels(); otherwise kernels_for's
 // (no decode kernels: the packed path runs). Never given to the packed path.
 const FlashKernels& decode_kernels_for(Isa isa, Precision precision);
@@ -314,6 +316,12 @@ const FlashKernels& neon_bf16_kernels();
 const FlashKernels& avx512f_decode_kernels();
 void avx512f_decode_qk_rows(const DecodeQk& t);
 void avx512f_decode_pv_rows(const DecodePv& t);
+// The avx2 path's decode set: bf16 pairs (pack_q_row, softmax_tile's P) and decode kernels that
+// multiply-add the halves of each pair with fp32 FMAs (kernels_avx2_decode_qk.cpp, _pv.cpp); its tile
+// kernels and K/V packers are null. Every AVX2 + FMA + F16C CPU runs it.
+const FlashKernels& avx2_decode_kernels();
+void avx2_decode_qk_rows(const DecodeQk& t);
+void avx2_decode_pv_rows(const DecodePv& t);
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp):
 // vdpbf16ps, and (_fma_) two fp32 FMAs per pair, the same bits above 2^-126 where vdpbf16ps rounds
 // each of its two steps (Intel's definition). decode_kernels_for() gives the _fma_ ones where

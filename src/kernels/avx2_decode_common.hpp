@@ -1,0 +1,92 @@
+// Shared by the avx2 decode kernels, kernels_avx2_decode_qk.cpp and _pv.cpp (contract in
+// microkernels.hpp): K and V read straight from their rows, for tasks of at most kDecodeMaxRows query
+// rows. Included only by those two translation units, which are compiled with
+// the flags of kernels_avx2.cpp (-mavx2 -mfma -mf16c, CMakeLists.txt); everything here is in an
+// anonymous namespace.
+//
+// AVX2 has no bf16 arithmetic, so the operands go to fp32 FMAs as the halves of bf16 words: a chunk is
+// 16 operands (one ymm of bf16 words), split by one AND and one shift into its 8 even elements and its 8
+// odd ones as fp32 (exact). The Q rows are split once per call, so the per-key loop splits only the
+// K or V chunk; P.V keeps O's columns as each chunk's even columns then its odd ones for the call. As
+// on AVX-512 (avx512_decode_common.hpp), decode does ~G FLOPs per K/V byte, so it is bound by the DRAM
+// stream where the FMAs keep up: no packed copy, and the rows read about in address order (Q.K chunk by
+// chunk across a few adjacent keys; P.V, whose passes read a group's rows strided, touches them line by
+// line in order first), with no software prefetch (at 16 KiB ahead it did not help Q.K on Zen 3).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/avx2_helpers.hpp"
+#include "kernels/microkernels.hpp"
+#include "kernels/row_count.hpp"
+
+namespace flashgqa {
+namespace {
+namespace decode_avx2 {
+
+constexpr int kChunk = 16;  // operands per chunk
+
+inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
+
+// A chunk's operands as fp32: the even elements (0, 2, .., 14) and the odd ones (1, 3, .., 15).
+struct Halves {
+  __m256 even, odd;
+};
+
+inline Halves split(__m256i w) { return {even_half(w), odd_half(w)}; }
+
+// The rows the kernels read, chunk by chunk: chunk c of key j (operands 16c .. 16c+16) as Halves.
+// bf16 rows with whole chunks (H a multiple of 16): plain loads.
+struct Bf16Rows {
+  const char* base;
+  std::int64_t ld_bytes;
+  Halves chunk(std::int64_t j, int c) const {
+    return split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * ld_bytes + 32 * c)));
+  }
+};
+
+// int8 rows with whole chunks, each value times its key's scale and rounded to bf16 (the products
+// form): the even and odd bytes sign-extended straight into their halves, so no bf16 words are formed.
+// The values load16_bf16 gives, split.
+struct Int8Rows {
+  const char* base;
+  std::int64_t ld_bytes;  // = elements between keys
+  const float* scale;
+  std::int64_t ld_scale;
+  Halves chunk(std::int64_t j, int c) const {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * ld_bytes + 16 * c)));
+    const __m256i even = _mm256_srai_epi32(_mm256_slli_epi32(w, 16), 16), odd = _mm256_srai_epi32(w, 16);
+    const __m256 s = _mm256_broadcast_ss(scale + j * ld_scale);
+    return {round_bf16(_mm256_mul_ps(_mm256_cvtepi32_ps(even), s)), round_bf16(_mm256_mul_ps(_mm256_cvtepi32_ps(odd), s))};
+  }
+};
+
+// The 16 int8 values at x sign-extended to int16, zero from value `left` on (kWhole: all 16 are
+// there); no byte past x + left is read. The integers form's loads.
+template <bool kWhole>
+inline __m256i load16_i8(const char* x, std::int64_t left) {
+  if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  alignas(16) char buf[kChunk] = {};
+  for (std::int64_t h = 0; h < left; ++h) buf[h] = x[h];
+  return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+}
+
+// Any dtype and H: load16_bf16's operands (zero past H), split.
+struct AnyRows {
+  const char* base;
+  std::int64_t ld_bytes;
+  DType dtype;
+  std::int64_t H;
+  const float* scale;  // int8: key j's at scale[j * ld_scale]; else null
+  std::int64_t ld_scale;
+  Halves chunk(std::int64_t j, int c) const {
+    return split(load16_bf16(base + j * ld_bytes, dtype, std::int64_t{kChunk} * c, H,
+                             scale != nullptr ? scale[j * ld_scale] : 1.0f));
+  }
+};
+
+}  // namespace decode_avx2
+}  // namespace
+}  // namespace flashgqa

@@ -1,0 +1,333 @@
+// The avx2 decode PV kernel (contract in microkernels.hpp; design in avx2_decode_common.hpp).
+//   decode_pv_rows: O's rows are rescaled, then each of their 16-column chunks is kept as its 8 even
+//     columns then its 8 odd ones for the call (split_o, join_o), which is how a V chunk's halves come.
+//     Per group of keys, the rows' P weights are widened to fp32 once (weights); then rows go in
+//     blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8 accumulators,
+//     loaded from O and stored back once per group and pass), and per key each row's weight, broadcast,
+//     multiplies the key's V chunk into the row's accumulators: each O element takes its keys one by
+//     one in increasing j. The fast path (bf16 or int8 rows, H = 64, 128, 256, groups of 8 KiB of bf16
+//     V whose keys are all present) has every size a constant and first touches the group's rows line
+//     by line in address order (one load per line), so the passes, which read the rows strided, find
+//     them in L1: without it the hardware prefetchers did not keep up (the bench's T = 1 bf16 row 50
+//     -> 35 ms, Zen 3); the generic path (any dtype and H, groups of 32 keys) converts and masks chunk
+//     by chunk. Both give the same bits.
+#include <type_traits>
+
+#include "kernels/avx2_decode_common.hpp"
+
+namespace flashgqa {
+namespace {
+
+using namespace decode_avx2;
+
+constexpr int kPvGroup = 32;                 // keys per group on the generic path
+constexpr int kPvFastGroupBytes = 8192;      // of bf16 V per group on the fast path (32 keys at H = 128)
+constexpr int kPvMaxGroup = kPvFastGroupBytes / (2 * 64);  // the most keys of a group (H = 64)
+
+// One load of the line at p, its value unused (an L1 miss the hardware prefetchers see in order).
+inline void touch(const char* p) {
+  int x;
+  __builtin_memcpy(&x, p, sizeof x);
+  __asm__ volatile("" ::"r"(x));
+}
+
+// Row blocks: 4, 2 or 1 rows; a block's column passes take 4 / RB chunks.
+template <int RB>
+constexpr int pass_chunks() {
+  return 4 / RB;
+}
+
+// The P weights of keys [j0, j1) of rows [0, R) as fp32 (exact), w[r][j - j0].
+template <int R>
+inline void weights(const DecodePv& t, std::int64_t j0, std::int64_t j1, float (&w)[kDecodeMaxRows][kPvMaxGroup]) {
+  for (int r = 0; r < R; ++r) {
+    const std::uint16_t* p = static_cast<const std::uint16_t*>(t.p) + r * t.ldp;
+    std::int64_t j = j0;
+    for (; j + 8 <= j1; j += 8)
+      _mm256_storeu_ps(&w[r][j - j0], _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j))), 16)));
+    for (; j < j1; ++j) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(p[j]) << 16;
+      __builtin_memcpy(&w[r][j - j0], &bits, 4);
+    }
+  }
+}
+
+// O[r0 + r][16 c0 .. 16 (c0 + NC)) (split chunks) += sum_{j0 <= j < j1} w[r0 + r][j - j0] V[j][...], key
+// by key; keys j >= n are zero rows (not read).
+template <int RB, int NC, typename Rows>
+inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
+                                                   int r0, int c0, std::int64_t j0, std::int64_t j1, const Rows& v) {
+  float* o = t.o + r0 * t.ldo + kChunk * c0;
+  __m256 acc[RB][2 * NC];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm256_load_ps(o + r * t.ldo + 8 * i);
+  const std::int64_t read_end = j1 < t.n ? j1 : t.n;
+  std::int64_t j = j0;
+  for (; j < read_end; ++j) {
+    __m256 x[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) x[r] = _mm256_broadcast_ss(&w[r0 + r][j - j0]);
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) {
+      const Halves vc = v.chunk(j, c0 + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        acc[r][2 * c] = _mm256_fmadd_ps(x[r], vc.even, acc[r][2 * c]);
+        acc[r][2 * c + 1] = _mm256_fmadd_ps(x[r], vc.odd, acc[r][2 * c + 1]);
+      }
+    }
+  }
+  for (; j < j1; ++j) {  // zero rows: O + w * 0, as a zero row read would give
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const __m256 x = _mm256_broadcast_ss(&w[r0 + r][j - j0]);
+#pragma GCC unroll 8
+      for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm256_fmadd_ps(x, _mm256_setzero_ps(), acc[r][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * NC; ++i) _mm256_store_ps(o + r * t.ldo + 8 * i, acc[r][i]);
+}
+
+// Rows [0, R) in blocks of 4, 2, 1, each over chunks [0, nchunks) in passes of pass_chunks<RB>() (the
+// last ones one chunk at a time where they do not divide nchunks).
+template <int R, typename Rows>
+inline __attribute__((always_inline)) void pv_group(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
+                                                    std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v) {
+  const auto block = [&](auto rb, int r0) {
+    constexpr int RB = decltype(rb)::value, NC = pass_chunks<RB>();
+    int c0 = 0;
+    for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v);
+    for (; c0 < nchunks; ++c0) pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v);
+  };
+  int r0 = 0;
+  for (; r0 + 4 <= R; r0 += 4) block(std::integral_constant<int, 4>{}, r0);
+  if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
+  if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+}
+
+// O's rows: each 16-column chunk in order <-> its 8 even columns, then its 8 odd ones (kSplit).
+template <int R, bool kSplit>
+void permute_o(const DecodePv& t) {
+  for (int r = 0; r < R; ++r)
+    for (std::int64_t h = 0; h < t.Hp; h += kChunk) {
+      float* o = t.o + r * t.ldo + h;
+      const __m256 a = _mm256_load_ps(o), b = _mm256_load_ps(o + 8);
+      if constexpr (kSplit) {  // a = columns 0..7, b = 8..15
+        _mm256_store_ps(o, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8)));
+        _mm256_store_ps(o + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8)));
+      } else {  // a = the even columns, b = the odd ones
+        const __m256 lo = _mm256_unpacklo_ps(a, b), hi = _mm256_unpackhi_ps(a, b);  // 0..3 | 8..11, 4..7 | 12..15
+        _mm256_store_ps(o, _mm256_permute2f128_ps(lo, hi, 0x20));
+        _mm256_store_ps(o + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+      }
+    }
+}
+
+template <int R>
+void rescale_o(const DecodePv& t) {
+  for (int r = 0; r < R; ++r) {
+    const __m256 c = _mm256_set1_ps(t.corr[r]);
+    for (std::int64_t h = 0; h < t.Hp; h += 8)
+      _mm256_store_ps(t.o + r * t.ldo + h, _mm256_mul_ps(_mm256_load_ps(t.o + r * t.ldo + h), c));
+  }
+}
+
+// The generic path: keys [j_begin, nkeys) (j_begin even), any dtype and H, in groups of kPvGroup keys.
+template <int R>
+void pv_rows(const DecodePv& t, std::int64_t j_begin) {
+  const AnyRows v{static_cast<const char*>(t.v), t.ldv * elem_bytes(t.v_dtype), t.v_dtype, t.H, t.v_scale, t.ld_scale};
+  alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
+  for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
+    const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
+    weights<R>(t, j0, j1, w);
+    pv_group<R>(t, w, j0, j1, static_cast<int>(t.Hp / kChunk), v);
+  }
+}
+
+// The fast path for bf16 or int8 rows with H = Hp = 16 HC: groups of kPvFastGroupBytes of bf16 V whose
+// keys are all present, every size a constant, then the generic path for the rest. Same sums in the same
+// order as the generic path, so the same bits.
+template <int R, int HC, typename Rows>
+void pv_rows_fast(const DecodePv& t, const Rows& v) {
+  constexpr std::int64_t kGroup = kPvFastGroupBytes / (2 * kChunk * HC);
+  static_assert(kGroup <= kPvMaxGroup && kGroup % 2 == 0);
+  alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
+  const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
+  for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+    constexpr int kRowBytes = std::is_same_v<Rows, Bf16Rows> ? 2 * kChunk * HC : kChunk * HC;
+    for (std::int64_t j = j0; j < j0 + kGroup; ++j)  // the group in address order first (see the top)
+#pragma GCC unroll 8
+      for (int b = 0; b < kRowBytes; b += 64) touch(v.base + j * v.ld_bytes + b);
+    weights<R>(t, j0, j0 + kGroup, w);
+    pv_group<R>(t, w, j0, j0 + kGroup, HC, v);
+  }
+  pv_rows<R>(t, full);
+}
+
+template <int R, int HC>
+void pv_rows_fast_any(const DecodePv& t) {
+  const char* v0 = static_cast<const char*>(t.v);
+  if (t.v_dtype == DType::i8) return pv_rows_fast<R, HC>(t, Int8Rows{v0, t.ldv, t.v_scale, t.ld_scale});
+  pv_rows_fast<R, HC>(t, Bf16Rows{v0, t.ldv * 2});
+}
+
+template <int R>
+void pv_rows_any(const DecodePv& t) {
+  if (t.corr) rescale_o<R>(t);
+  permute_o<R, true>(t);
+  const bool fast = (t.v_dtype == DType::bf16 || t.v_dtype == DType::i8) && t.H == t.Hp;
+  if (fast && t.Hp == 64) pv_rows_fast_any<R, 4>(t);
+  else if (fast && t.Hp == 128) pv_rows_fast_any<R, 8>(t);
+  else if (fast && t.Hp == 256) pv_rows_fast_any<R, 16>(t);
+  else pv_rows<R>(t, 0);
+  permute_o<R, false>(t);
+}
+
+// int8 V in the integers form (contract in microkernels.hpp): per row and group of 16 keys of the
+// call, the weights w = P s are quantized to int16 against their largest |w|, W (i16_weights); per
+// column chunk, pairs of keys' int8 rows are sign-extended to int16 and interleaved (vpunpck{l,h}wd:
+// columns 0..3 | 8..11 and 4..7 | 12..15), vpmaddwd with the row's weight pair (broadcast) into int32
+// sums, exact; then O = fma(W / 32767, float(sum), O). A group with a NaN or infinite w, or with
+// 0 < W < 2^-100, adds fma(w, float(x), O) key by key instead. The bits of the avx512bf16 set's
+// vpdpwssd kernel (decode_kernels_test.cpp checks them where both run).
+constexpr int kI16Group = 16;
+constexpr float kI16MinWeight = 0x1p-100f;
+
+struct I16Weights {
+  alignas(32) std::int16_t q[kDecodeMaxRows][kI16Group];  // the weights as int16
+  alignas(32) float w[kDecodeMaxRows][kI16Group];         // as fp32 (for a group taken key by key)
+  float f[kDecodeMaxRows];                                // W / 32767
+  bool bad[kDecodeMaxRows];                               // key by key
+  int keys;                                               // keys read (the rest count as zero rows)
+};
+
+inline float hmax8(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+
+// The weights of keys [jg, jg + 16) for rows [0, R): w = P s (keys past those read: 0), W = max |w|,
+// q = round(w (32767 / W)) (nearest even; 0 where w = 0).
+template <int R>
+inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
+  const std::int64_t read_end = t.nkeys < t.n ? t.nkeys : t.n;
+  const int read = static_cast<int>(read_end - jg < 0 ? 0 : read_end - jg > kI16Group ? kI16Group : read_end - jg);
+  g.keys = read;
+  alignas(32) float sc[kI16Group] = {};
+  for (int j = 0; j < read; ++j) sc[j] = t.v_scale[(jg + j) * t.ld_scale];
+  const __m256 s0 = _mm256_load_ps(sc), s1 = _mm256_load_ps(sc + 8);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  for (int r = 0; r < R; ++r) {
+    alignas(16) std::uint16_t pb[kI16Group] = {};
+    __builtin_memcpy(pb, static_cast<const std::uint16_t*>(t.p) + r * t.ldp + jg, 2 * static_cast<std::size_t>(read));
+    const __m256 p0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(pb))), 16));
+    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(pb + 8))), 16));
+    const __m256 w0 = _mm256_mul_ps(p0, s0), w1 = _mm256_mul_ps(p1, s1);
+    _mm256_store_ps(g.w[r], w0);
+    _mm256_store_ps(g.w[r] + 8, w1);
+    const __m256i inf_nan =
+        _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(w0), exponent), exponent),
+                        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(w1), exponent), exponent));
+    const float W = hmax8(_mm256_max_ps(_mm256_and_ps(w0, abs_mask), _mm256_and_ps(w1, abs_mask)));
+    g.bad[r] = !_mm256_testz_si256(inf_nan, inf_nan) || (W > 0.0f && W < kI16MinWeight);
+    g.f[r] = W / 32767.0f;
+    const __m256 c = _mm256_set1_ps(32767.0f / W);
+    // W = 0: every w is 0, and so is q (0 * inf would be NaN).
+    const __m256 x0 = _mm256_and_ps(_mm256_mul_ps(w0, c), _mm256_cmp_ps(w0, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    const __m256 x1 = _mm256_and_ps(_mm256_mul_ps(w1, c), _mm256_cmp_ps(w1, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(g.q[r]),
+                       _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_cvtps_epi32(x0), _mm256_cvtps_epi32(x1)), 0xd8));
+  }
+}
+
+// Key j's int8 values at columns [16 c, 16 c + 16) sign-extended to int16 (zero past H, and for keys
+// not read).
+template <bool kWhole>
+inline __m256i i8_row(const DecodePv& t, std::int64_t jg, int j, int read, int c) {
+  if (j >= read) return _mm256_setzero_si256();
+  return load16_i8<kWhole>(static_cast<const char*>(t.v) + (jg + j) * t.ldv + kChunk * c, t.H - kChunk * c);
+}
+
+// The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1).
+template <int RB, bool kWhole>
+inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I16Weights& g, int r0, std::int64_t jg,
+                                                    int c) {
+  __m256i lo[RB], hi[RB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+  for (int j = 0; j < g.keys; j += 2) {
+    const __m256i a = i8_row<kWhole>(t, jg, j, g.keys, c), b = i8_row<kWhole>(t, jg, j + 1, g.keys, c);
+    const __m256i pl = _mm256_unpacklo_epi16(a, b), ph = _mm256_unpackhi_epi16(a, b);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      std::int32_t word;
+      __builtin_memcpy(&word, &g.q[r0 + r][j], 4);
+      const __m256i x = _mm256_set1_epi32(word);
+      lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(pl, x));
+      hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(ph, x));
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    float* o = t.o + (r0 + r) * t.ldo + kChunk * c;
+    if (__builtin_expect(g.bad[r0 + r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
+      for (int j = 0; j < g.keys; ++j) {
+        const __m256 w = _mm256_set1_ps(g.w[r0 + r][j]);
+        const __m256i x = i8_row<kWhole>(t, jg, j, g.keys, c);
+        const __m256 x0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(x)));
+        const __m256 x1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(x, 1)));
+        _mm256_store_ps(o, _mm256_fmadd_ps(w, x0, _mm256_load_ps(o)));
+        _mm256_store_ps(o + 8, _mm256_fmadd_ps(w, x1, _mm256_load_ps(o + 8)));
+      }
+      continue;
+    }
+    const __m256 f = _mm256_set1_ps(g.f[r0 + r]);
+    const __m256 s0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[r], hi[r], 0x20));  // columns 0..7
+    const __m256 s1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[r], hi[r], 0x31));  // 8..15
+    _mm256_store_ps(o, _mm256_fmadd_ps(f, s0, _mm256_load_ps(o)));
+    _mm256_store_ps(o + 8, _mm256_fmadd_ps(f, s1, _mm256_load_ps(o + 8)));
+  }
+}
+
+// Every group of 16 keys of the call: its weights, its rows touched in address order (as the float
+// fast path does), then per column chunk the rows in blocks of 4, 2, 1.
+template <int R>
+void pv_rows_i16(const DecodePv& t) {
+  if (t.corr) rescale_o<R>(t);
+  I16Weights g;
+  const bool whole = t.H % kChunk == 0;
+  const std::int64_t row_bytes = t.H;
+  for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
+    i16_weights<R>(t, jg, g);
+    for (int j = 0; j < g.keys; ++j)
+      for (std::int64_t b = 0; b < row_bytes; b += 64) touch(static_cast<const char*>(t.v) + (jg + j) * t.ldv + b);
+    for (int c = 0; c < static_cast<int>(t.Hp / kChunk); ++c) {
+      const auto block = [&](auto rb, int r0) {
+        if (whole) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
+        else i16_chunk<decltype(rb)::value, false>(t, g, r0, jg, c);
+      };
+      int r0 = 0;
+      for (; r0 + 4 <= R; r0 += 4) block(std::integral_constant<int, 4>{}, r0);
+      if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
+      if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+    }
+  }
+}
+
+}  // namespace
+
+void avx2_decode_pv_rows(const DecodePv& t) {
+  if (t.v_dtype == DType::i8)
+    return with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_i16<decltype(r)::value>(t); });
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_any<decltype(r)::value>(t); });
+}
+
+}  // namespace flashgqa

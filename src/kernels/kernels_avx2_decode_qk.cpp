@@ -1,0 +1,351 @@
+// The avx2 decode QK kernel (contract in microkernels.hpp; design in avx2_decode_common.hpp).
+//   decode_qk_rows: the Q rows are split once per call into fp32 halves (split_q_rows; rows wider
+//     than kSplitMaxHp split each chunk as they use it: the same values). Rows go in blocks of RB = 8,
+//     4, 2, 1; per block and per 8 / RB keys, 8 accumulators (one per (row, key)) take, for each chunk
+//     of 16 h, fma(q even, k even, fma(q odd, k odd, acc)), chunk by chunk across the keys (whose rows
+//     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
+//     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
+//     fast path (bf16 or int8 rows, H = 64, 128, 256, whole groups of 8 keys) has every size a
+//     constant; the generic path (any dtype and H, the last partial group, the zero keys up to
+//     round_up(n, 16)) converts and masks chunk by chunk. Both give the same bits.
+#include "kernels/avx2_decode_common.hpp"
+
+namespace flashgqa {
+namespace {
+
+using namespace decode_avx2;
+
+constexpr int kQkAcc = 8;                 // accumulators per transpose-add
+constexpr std::int64_t kSplitMaxHp = 256;  // Q rows split once per call up to this width
+
+// Q rows split once: chunk c of row r is its 8 odd elements then its 8 even ones (fp32), at
+// q + r ld + 16 c.
+struct SplitQ {
+  const float* q;
+  std::int64_t ld;
+  // The same rows, their address hidden from the compiler (no load through it moves above this).
+  SplitQ opaque() const {
+    SplitQ x = *this;
+    __asm__("" : "+r"(x.q));
+    return x;
+  }
+  Halves chunk(int r, int c) const {
+    const float* x = q + r * ld + kChunk * c;
+    return {_mm256_load_ps(x + 8), _mm256_load_ps(x)};
+  }
+};
+
+// Q rows as pack_q_row writes them (bf16 words), split as they are used.
+struct WordQ {
+  const std::uint16_t* q;
+  std::int64_t ld;
+  WordQ opaque() const {
+    WordQ x = *this;
+    __asm__("" : "+r"(x.q));
+    return x;
+  }
+  Halves chunk(int r, int c) const {
+    return split(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + r * ld + kChunk * c)));
+  }
+};
+
+inline void split_q_rows(float* qs, const DecodeQk& t) {
+  for (int r = 0; r < t.rows; ++r)
+    for (std::int64_t c = 0; c < t.Hp / kChunk; ++c) {
+      const Halves h =
+          split(_mm256_load_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(t.q) + r * t.ldq + kChunk * c)));
+      _mm256_store_ps(qs + r * t.Hp + kChunk * c, h.odd);
+      _mm256_store_ps(qs + r * t.Hp + kChunk * c + 8, h.even);
+    }
+}
+
+// Lane i = the sum of the lanes of v[i]: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+inline __m256 transpose_add8(const __m256 (&v)[kQkAcc]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  // a: v0..v3's sums of lanes 0..3, then of lanes 4..7; b likewise for v4..v7.
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Lane r KG + j of v (KG = 8 / RB) to s[r lds + j]: the RB x KG logits of one transpose-add.
+template <int RB>
+inline __attribute__((always_inline)) void store_logits(float* s, std::int64_t lds, __m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  if constexpr (RB == 1) {
+    _mm256_storeu_ps(s, v);
+  } else if constexpr (RB == 2) {
+    _mm_storeu_ps(s, lo);
+    _mm_storeu_ps(s + lds, hi);
+  } else if constexpr (RB == 4) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(s), lo);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(s + lds), lo);
+    _mm_storel_pi(reinterpret_cast<__m64*>(s + 2 * lds), hi);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(s + 3 * lds), hi);
+  } else {
+    static_assert(RB == 8);
+    alignas(32) float x[8];
+    _mm256_store_ps(x, v);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) s[r * lds] = x[r];
+  }
+}
+
+// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys: keys j0 + j with j < nj are read, nc chunks
+// each (kNc when it is not 0: the fast path, its chunk loop unrolled); the others are 0. Chunk by chunk
+// across the KG keys (their rows lie side by side), so each Q chunk loaded serves every key: with RB <= 2
+// the block's Q chunks stay in registers while the keys come one by one, with RB >= 4 the keys' K
+// chunks do while the rows come one by one (Q as memory operands once per FMA pair was bound by the
+// loads: 18.7 ns per key at 4 rows, H = 128).
+template <int RB, int kNc, typename Q, typename Rows>
+inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& q, const Rows& k, int r0,
+                                                    std::int64_t j0, int nj, int nc) {
+  constexpr int KG = kQkAcc / RB;
+  __m256 acc[kQkAcc];
+#pragma GCC unroll 8
+  for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_ps();
+  const auto mac = [&acc](int r, int j, const Halves& qc, const Halves& kc) {
+    acc[r * KG + j] = _mm256_fmadd_ps(qc.even, kc.even, _mm256_fmadd_ps(qc.odd, kc.odd, acc[r * KG + j]));
+  };
+  const auto chunk = [&](int c) {
+    // The Q chunks are loaded here, not earlier: GCC 12 otherwise hoists the loads of all chunks out
+    // of the loop and spills them (50 ns per key at 4 rows, H = 128); they are L1 loads either way.
+    const Q qh = q.opaque();
+    if constexpr (RB <= 2) {
+      Halves qc[RB];
+#pragma GCC unroll 2
+      for (int r = 0; r < RB; ++r) qc[r] = qh.chunk(r0 + r, c);
+#pragma GCC unroll 8
+      for (int j = 0; j < KG; ++j) {
+        if (j >= nj) break;
+        const Halves kc = k.chunk(j0 + j, c);
+#pragma GCC unroll 2
+        for (int r = 0; r < RB; ++r) mac(r, j, qc[r], kc);
+      }
+    } else {
+      Halves kc[KG];
+#pragma GCC unroll 2
+      for (int j = 0; j < KG; ++j) kc[j] = j < nj ? k.chunk(j0 + j, c) : Halves{_mm256_setzero_ps(), _mm256_setzero_ps()};
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) {
+        const Halves qc = qh.chunk(r0 + r, c);
+#pragma GCC unroll 2
+        for (int j = 0; j < KG; ++j)
+          if (j < nj) mac(r, j, qc, kc[j]);
+      }
+    }
+  };
+  if (nj > 0) {
+    if constexpr (kNc > 0) {
+#pragma GCC unroll 16
+      for (int c = 0; c < kNc; ++c) chunk(c);
+    } else {
+      for (int c = 0; c < nc; ++c) chunk(c);
+    }
+  }
+  store_logits<RB>(t.s + r0 * t.lds + j0, t.lds, _mm256_mul_ps(transpose_add8(acc), _mm256_set1_ps(t.scale)));
+}
+
+// S[r][j0 .. j0 + 8) for the R rows in blocks of 8, 4, 2, 1; keys j0 + j with j < nj are read.
+template <int R, int kNc, typename Q, typename Rows>
+inline __attribute__((always_inline)) void qk_group(const DecodeQk& t, const Q& q, const Rows& k, std::int64_t j0,
+                                                    int nj, int nc) {
+  const auto block = [&](auto rb, int r0) {
+    constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
+#pragma GCC unroll 8
+    for (int jj = 0; jj < kQkAcc; jj += KG) qk_block<RB, kNc>(t, q, k, r0, j0 + jj, nj - jj, nc);
+  };
+  int r0 = 0;
+  if constexpr (R >= 8) block(std::integral_constant<int, 8>{}, r0), r0 += 8;
+  if constexpr (R % 8 >= 4) block(std::integral_constant<int, 4>{}, r0), r0 += 4;
+  if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
+  if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+}
+
+// The generic path: S[r][j] for j in [j_begin, round_up(n, 16)) (j_begin a multiple of 8), any dtype
+// and H: Hp / 16 chunks per key (Q is zero past H, the loads zero K there).
+template <int R, typename Q>
+void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
+  const AnyRows k{static_cast<const char*>(t.k), t.ldk * elem_bytes(t.k_dtype), t.k_dtype, t.H, t.k_scale, t.ld_scale};
+  const int nc = static_cast<int>(t.Hp / kChunk);
+  const std::int64_t end = (t.n + 15) / 16 * 16;
+  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) {
+    const std::int64_t left = t.n - j0;
+    qk_group<R, 0>(t, q, k, j0, left >= kQkAcc ? kQkAcc : left > 0 ? static_cast<int>(left) : 0, nc);
+  }
+}
+
+// The fast path for bf16 or int8 rows with H = Hp = 16 HC: whole groups of 8 keys with every size a
+// constant, then the generic path for the rest. Same sums in the same order: the same bits.
+template <int R, int HC, typename Q, typename Rows>
+void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
+  const std::int64_t full = t.n / kQkAcc * kQkAcc;
+  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) qk_group<R, HC>(t, q, k, j0, kQkAcc, HC);
+  qk_rows<R>(t, q, full);
+}
+
+template <int R, int HC, typename Q>
+void qk_rows_fast_any(const DecodeQk& t, const Q& q) {
+  const char* k0 = static_cast<const char*>(t.k);
+  if (t.k_dtype == DType::i8) return qk_rows_fast<R, HC>(t, q, Int8Rows{k0, t.ldk, t.k_scale, t.ld_scale});
+  qk_rows_fast<R, HC>(t, q, Bf16Rows{k0, t.ldk * 2});
+}
+
+template <int R, typename Q>
+void qk_rows_any(const DecodeQk& t, const Q& q) {
+  if ((t.k_dtype == DType::bf16 || t.k_dtype == DType::i8) && t.H == t.Hp) {
+    switch (t.Hp) {
+      case 64: return qk_rows_fast_any<R, 4>(t, q);
+      case 128: return qk_rows_fast_any<R, 8>(t, q);
+      case 256: return qk_rows_fast_any<R, 16>(t, q);
+      default: break;
+    }
+  }
+  qk_rows<R>(t, q, 0);
+}
+
+// int8 K in the integers form (contract in microkernels.hpp): each Q row quantized once per call to
+// int16 against its largest |q| (quantize_q_rows), K chunks sign-extended to int16 as they are loaded,
+// vpmaddwd into int32 accumulators (exact: |sum| <= 256 * 32767 * 128 < 2^31), added as integers by
+// the transpose-add, then each logit is float(sum) times its row's factor times its key's scale: the
+// bits of the avx512bf16 set's vpdpwssd kernels (decode_kernels_test.cpp checks them where both run).
+// Q rows [0, rows) of t (pack_q_row's bf16) as int16, Hp per row, and each row's factor
+// scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN: the
+// caller then takes the products form, whose sums carry them.
+inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) {
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000), magnitude = _mm256_set1_epi32(0x7fffffff);
+  for (int r = 0; r < t.rows; ++r) {
+    const auto* row = static_cast<const std::uint16_t*>(t.q) + r * t.ldq;
+    __m256 mx = _mm256_setzero_ps();
+    for (std::int64_t h = 0; h < t.Hp; h += kChunk) {
+      const Halves x = split(_mm256_load_si256(reinterpret_cast<const __m256i*>(row + h)));
+      const __m256i inf_nan =
+          _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x.even), exponent), exponent),
+                          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x.odd), exponent), exponent));
+      if (!_mm256_testz_si256(inf_nan, inf_nan)) return false;  // NaN, +-inf
+      mx = _mm256_max_ps(mx, _mm256_max_ps(_mm256_and_ps(x.even, _mm256_castsi256_ps(magnitude)),
+                                           _mm256_and_ps(x.odd, _mm256_castsi256_ps(magnitude))));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const __m256 to_int = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
+    factor[r] = t.scale * (m / 32767.0f);
+    for (std::int64_t h = 0; h < t.Hp; h += kChunk) {  // rounded to nearest even (MXCSR's default)
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(row + h));
+      const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
+      const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
+      const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(lo, to_int)),
+                                                _mm256_cvtps_epi32(_mm256_mul_ps(hi, to_int)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * t.Hp + h), _mm256_permute4x64_epi64(packed, 0xd8));
+    }
+  }
+  return true;
+}
+
+// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
+// the generic path), keys one by one with the block's Q chunk per row from L1.
+template <int RB, int kNc, bool kWhole>
+inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
+                                                       int r0, std::int64_t j0, int nj, int nc) {
+  constexpr int KG = kQkAcc / RB;
+  const char* k = static_cast<const char*>(t.k);
+  __m256i acc[kQkAcc];
+#pragma GCC unroll 8
+  for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_si256();
+  const auto chunk = [&](int c) {
+    const std::int16_t* q = qi;
+    __asm__("" : "+r"(q));  // no Q load moves above this (see qk_block)
+#pragma GCC unroll 8
+    for (int j = 0; j < KG; ++j) {
+      if (j >= nj) break;
+      const __m256i kc = load16_i8<kWhole>(k + (j0 + j) * t.ldk + kChunk * c, t.H - kChunk * c);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r)
+        acc[r * KG + j] = _mm256_add_epi32(
+            acc[r * KG + j],
+            _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + (r0 + r) * t.Hp + kChunk * c)), kc));
+    }
+  };
+  if constexpr (kNc > 0) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kNc; ++c) chunk(c);
+  } else {
+    for (int c = 0; c < nc; ++c) chunk(c);
+  }
+  // Integer transpose-add (exact in any order), then the logits' two products.
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[4], acc[5]), _mm256_hadd_epi32(acc[6], acc[7]));
+  const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+  alignas(32) float rows[kQkAcc], keys[kQkAcc];
+#pragma GCC unroll 8
+  for (int l = 0; l < kQkAcc; ++l) {
+    const int j = l % KG;
+    rows[l] = factor[r0 + l / KG];
+    keys[l] = j < nj ? t.k_scale[(j0 + j) * t.ld_scale] : 0.0f;
+  }
+  store_logits<RB>(t.s + r0 * t.lds + j0, t.lds,
+                   _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(rows)), _mm256_load_ps(keys)));
+}
+
+// S[r][j] for all j < round_up(n, 16): whole groups of 8 keys with every size a constant where
+// H = Hp = 16 HC (HC = 0: the generic path for every key), then the rest chunk by chunk.
+template <int R, int HC>
+void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
+  const auto group = [&](std::int64_t j0, int nj, auto whole, auto nc) {
+    const auto block = [&](auto rb, int r0) {
+      constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
+#pragma GCC unroll 8
+      for (int jj = 0; jj < kQkAcc; jj += KG)
+        qk_block_i8<RB, decltype(nc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj,
+                                                                     static_cast<int>(t.Hp / kChunk));
+    };
+    int r0 = 0;
+    if constexpr (R >= 8) block(std::integral_constant<int, 8>{}, r0), r0 += 8;
+    if constexpr (R % 8 >= 4) block(std::integral_constant<int, 4>{}, r0), r0 += 4;
+    if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
+    if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+  };
+  std::int64_t j0 = 0;
+  if constexpr (HC > 0)
+    for (; j0 + kQkAcc <= t.n; j0 += kQkAcc)
+      group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{});
+  for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc) {
+    const std::int64_t left = t.n - j0;
+    group(j0, left >= kQkAcc ? kQkAcc : left > 0 ? static_cast<int>(left) : 0, std::false_type{},
+          std::integral_constant<int, 0>{});
+  }
+}
+
+// decode_qk_rows for int8 K in the integers form where H <= kSplitMaxHp and the Q rows are finite;
+// false (nothing done) otherwise.
+inline bool decode_qk_rows_i8(const DecodeQk& t) {
+  if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp) return false;
+  alignas(32) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
+  float factor[kDecodeMaxRows];
+  if (!quantize_q_rows(qi, factor, t)) return false;
+  const bool fast = t.H == t.Hp;
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    if (fast && t.Hp == 64) qk_rows_i8<R, 4>(t, qi, factor);
+    else if (fast && t.Hp == 128) qk_rows_i8<R, 8>(t, qi, factor);
+    else if (fast && t.Hp == 256) qk_rows_i8<R, 16>(t, qi, factor);
+    else qk_rows_i8<R, 0>(t, qi, factor);
+  });
+  return true;
+}
+
+}  // namespace
+
+void avx2_decode_qk_rows(const DecodeQk& t) {
+  if (decode_qk_rows_i8(t)) return;
+  if (t.Hp > kSplitMaxHp) {  // wider rows: split as used, on the generic path (the only one they take)
+    const WordQ q{static_cast<const std::uint16_t*>(t.q), t.ldq};
+    return with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows<decltype(r)::value>(t, q, 0); });
+  }
+  alignas(32) float qs[kDecodeMaxRows * kSplitMaxHp];
+  split_q_rows(qs, t);
+  const SplitQ q{qs, t.Hp};
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(t, q); });
+}
+
+}  // namespace flashgqa
