@@ -1,18 +1,17 @@
 // The avx2 decode PV kernel (contract in microkernels.hpp; design in avx2_decode_common.hpp).
-//   decode_pv_rows: O's rows are rescaled, then each of their 16-column chunks is kept as its 8 even
-//     columns then its 8 odd ones for the call (split_o, join_o), which is how a V chunk's halves come.
-//     Per group of keys, the rows' P weights are widened to fp32 once (weights); then rows go in
-//     blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8 accumulators,
-//     loaded from O and stored back once per group and pass), and per key each row's weight, broadcast,
-//     multiplies the key's V chunk into the row's accumulators: each O element takes its keys one by
-//     one in increasing j. The fast path (bf16 or int8 rows, H = 64, 128, 256, groups of 8 KiB of bf16
-//     V whose keys are all present) has every size a constant and first touches the group's rows line
-//     by line in address order (one load per line), so the passes, which read the rows strided, find
-//     them in L1: without it the hardware prefetchers did not keep up (the bench's T = 1 bf16 row 50
-//     -> 35 ms, Zen 3); the generic path (any dtype and H, groups of 32 keys) converts and masks chunk
-//     by chunk. Both give the same bits.
-#include <type_traits>
-
+//   decode_pv_rows, float rows: O's rows are rescaled, then each of their 16-column chunks is kept as
+//     its 8 even columns then its 8 odd ones for the call (permute_o), which is how a V chunk's halves
+//     come. Per group of keys, the rows' P weights are widened to fp32 once (weights); then rows go
+//     in blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8
+//     accumulators, loaded from O and stored back once per group and pass), and per key each row's
+//     weight, broadcast, multiplies the key's V chunk into the row's accumulators: each O element
+//     takes its keys one by one in increasing j. The fast path (bf16 rows, H = 64, 128, 256, groups
+//     of 8 KiB of V whose keys are all present, the last any multiple of 16 keys) has every size a
+//     constant and first touches the group's rows line by line in address order (one load per line),
+//     so the passes, which read the rows strided, find them in L1: without it the hardware
+//     prefetchers did not keep up (the bench's T = 1 bf16 row 50 -> 35 ms, Zen 3). The generic path
+//     (f32, f16, other H; groups of 32 keys) converts and masks chunk by chunk. Both give the same bits.
+//   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
 #include "kernels/avx2_decode_common.hpp"
 
 namespace flashgqa {
@@ -150,41 +149,37 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   }
 }
 
-// The fast path for bf16 or int8 rows with H = Hp = 16 HC: groups of kPvFastGroupBytes of bf16 V whose
-// keys are all present, every size a constant, then the generic path for the rest. Same sums in the same
+// The fast path for bf16 rows with H = Hp = 16 HC: groups of kPvFastGroupBytes of bf16 V whose
+// keys are all present (the last one any multiple of 16 keys: a page's), every size a constant, then the
+// generic path for the rest. Same sums in the same
 // order as the generic path, so the same bits.
-template <int R, int HC, typename Rows>
-void pv_rows_fast(const DecodePv& t, const Rows& v) {
+template <int R, int HC>
+void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
   constexpr std::int64_t kGroup = kPvFastGroupBytes / (2 * kChunk * HC);
   static_assert(kGroup <= kPvMaxGroup && kGroup % 2 == 0);
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
-  const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
+  const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
-    constexpr int kRowBytes = std::is_same_v<Rows, Bf16Rows> ? 2 * kChunk * HC : kChunk * HC;
-    for (std::int64_t j = j0; j < j0 + kGroup; ++j)  // the group in address order first (see the top)
+    const std::int64_t j1 = j0 + kGroup < full ? j0 + kGroup : full;  // the last group: a multiple of 16 keys
+    constexpr int kRowBytes = 2 * kChunk * HC;
+    for (std::int64_t j = j0; j < j1; ++j)  // the group in address order first (see the top)
 #pragma GCC unroll 8
       for (int b = 0; b < kRowBytes; b += 64) touch(v.base + j * v.ld_bytes + b);
-    weights<R>(t, j0, j0 + kGroup, w);
-    pv_group<R>(t, w, j0, j0 + kGroup, HC, v);
+    weights<R>(t, j0, j1, w);
+    pv_group<R>(t, w, j0, j1, HC, v);
   }
   pv_rows<R>(t, full);
-}
-
-template <int R, int HC>
-void pv_rows_fast_any(const DecodePv& t) {
-  const char* v0 = static_cast<const char*>(t.v);
-  if (t.v_dtype == DType::i8) return pv_rows_fast<R, HC>(t, Int8Rows{v0, t.ldv, t.v_scale, t.ld_scale});
-  pv_rows_fast<R, HC>(t, Bf16Rows{v0, t.ldv * 2});
 }
 
 template <int R>
 void pv_rows_any(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   permute_o<R, true>(t);
-  const bool fast = (t.v_dtype == DType::bf16 || t.v_dtype == DType::i8) && t.H == t.Hp;
-  if (fast && t.Hp == 64) pv_rows_fast_any<R, 4>(t);
-  else if (fast && t.Hp == 128) pv_rows_fast_any<R, 8>(t);
-  else if (fast && t.Hp == 256) pv_rows_fast_any<R, 16>(t);
+  const bool fast = t.v_dtype == DType::bf16 && t.H == t.Hp;
+  const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
+  if (fast && t.Hp == 64) pv_rows_fast<R, 4>(t, v);
+  else if (fast && t.Hp == 128) pv_rows_fast<R, 8>(t, v);
+  else if (fast && t.Hp == 256) pv_rows_fast<R, 16>(t, v);
   else pv_rows<R>(t, 0);
   permute_o<R, false>(t);
 }
