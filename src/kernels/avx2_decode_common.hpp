@@ -63,8 +63,9 @@ struct Int8Rows {
   }
 };
 
-// The 16 int8 values at x sign-extended to int16, zero from value `left` on (kWhole: all 16 are
-// there); no byte past x + left is read. The integers form's loads.
+// The 16 int8 values at x sign-extended to int16, zero from value `left` on; no byte past x + left is
+// read. kWhole: the caller knows all 16 are inside the row (H = Hp), and `left` is not looked at. The
+// integers form's loads.
 template <bool kWhole>
 inline __m256i load16_i8(const char* x, std::int64_t left) {
   if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));

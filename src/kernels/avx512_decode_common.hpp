@@ -174,7 +174,8 @@ struct DotI16 {
 
 // DotI16's Q rows: rows [0, rows) of q (pack_q_row's bf16, ldq elements apart, zero past H) as int16,
 // Hp per row, and each row's factor scale * max|q| / 32767. False (nothing usable written) when a row
-// holds an infinity or a NaN: the caller then takes the bf16 path, whose sums carry them.
+// holds an infinity or a NaN, or its largest |q| is below kI16MinQ: the caller then takes the bf16 path,
+// whose sums carry them.
 inline bool quantize_q_rows(std::int16_t* qi, float* factor, const void* q, std::int64_t ldq, std::int64_t Hp,
                             int rows, float scale) {
   for (int r = 0; r < rows; ++r) {
@@ -187,6 +188,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const void* q, std:
       mx = _mm512_max_ps(mx, _mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     }
     const float m = _mm512_reduce_max_ps(mx);
+    if (m > 0.0f && m < kI16MinQ) return false;  // 32767 / m could overflow
     const __m512 to_int = _mm512_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     factor[r] = scale * (m / 32767.0f);
     for (std::int64_t h = 0; h < Hp; h += 16) {  // rounded to nearest even (MXCSR's default)

@@ -32,9 +32,10 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
-// 40: a partial chunk; 64, 128, 256: the fast paths; 96: three 32-column chunks (amx tiles); 288: Hp
-// past the FMA kernels' split Q rows and the amx tiles.
-constexpr int kHs[] = {40, 64, 96, 128, 256, 288};
+// 40: a partial chunk; 48: whole 16-value chunks but Hp = 64 (avx2's last chunk past the row); 64, 128,
+// 256: the fast paths; 96: three 32-column chunks (amx tiles); 288: Hp past the FMA kernels' split Q
+// rows and the amx tiles.
+constexpr int kHs[] = {40, 48, 64, 96, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // Every set with decode kernels this machine runs: the paths' own (decode_kernels_for), and on
@@ -344,6 +345,29 @@ TEST(DecodeKernels, Int8IntegersFormFallbacks) {
     for (int row = 0; row < 4; ++row)
       for (std::int64_t j = 0; j < n; ++j)
         ASSERT_EQ(std::isnan(s[static_cast<std::size_t>(row * lds + j)]), row == 1) << "row " << row << " j " << j;
+    // Q: row 2 below kI16MinQ (max |q| ~ 2^-114, where 32767 / max |q| overflows fp32): the products
+    // form, within its bound of the exact products plus 2^-126 |k| per term for the Q values that are
+    // subnormal (which vdpbf16ps flushes). The overflow had made every q_int -32768: logits of the
+    // size of the exact ones, with other signs.
+    QRows tiny = make_q(4, H, Hp, rng);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::uint16_t bits = float_to_bf16_bits(tiny.value[static_cast<std::size_t>(2 * H + h)] * 0x1p-114f);
+      tiny.buf.as<std::uint16_t>()[2 * tiny.ldq + h] = bits;
+      tiny.value[static_cast<std::size_t>(2 * H + h)] = bf16_bits_to_float(bits);
+    }
+    const std::vector<float> st = run_qk(*k, tiny, r, 4, n, H, Hp, 0.125f, lds);
+    for (std::int64_t j = 0; j < n; ++j) {
+      double exact = 0.0, mag = 0.0, kabs = 0.0;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const double x = static_cast<double>(tiny.value[static_cast<std::size_t>(2 * H + h)]) * exact_int8(r, j, h);
+        exact += x;
+        mag += std::fabs(x);
+        kabs += std::fabs(exact_int8(r, j, h));
+      }
+      ASSERT_NEAR(st[static_cast<std::size_t>(2 * lds + j)], 0.125 * exact,
+                  0.125 * ((H + 4) * 0x1p-23 * mag + 0x1p-9 * mag + 0x1p-126 * kabs))
+          << "tiny row, j " << j;
+    }
     // PV: row 0's first group tiny (key by key) and its other weights 0, so that group is its whole
     // sum; row 1 holds a NaN weight; rows 2, 3 plain.
     PvCase c{4, n, n, H, Hp, n + 32, Hp + 32, false};
@@ -401,7 +425,7 @@ TEST(DecodeKernels, IntegersFormIsTheSameOnAvx2AndVnni) {
   const FlashKernels& b = avx512bf16_kernels();
   ASSERT_TRUE(a.int8_on_integers && b.int8_on_integers);
   std::mt19937 rng(19);
-  for (std::int64_t H : {40, 64, 128, 256})
+  for (std::int64_t H : {40, 48, 64, 128, 256})
     for (std::int64_t n : {1, 17, 64, 333})
       for (int rows : {1, 3, 4, 8}) {
         SCOPED_TRACE("H " + std::to_string(H) + " n " + std::to_string(n) + " rows " + std::to_string(rows));

@@ -23,10 +23,10 @@ constexpr int kPvGroup = 32;                 // keys per group on the generic pa
 constexpr int kPvFastGroupBytes = 8192;      // of bf16 V per group on the fast path (32 keys at H = 128)
 constexpr int kPvMaxGroup = kPvFastGroupBytes / (2 * 64);  // the most keys of a group (H = 64)
 
-// One load of the line at p, its value unused (an L1 miss the hardware prefetchers see in order).
+// One load of the byte at p, its value unused: a miss on its line that the hardware prefetchers see
+// in order.
 inline void touch(const char* p) {
-  int x;
-  __builtin_memcpy(&x, p, sizeof x);
+  const char x = *p;
   __asm__ volatile("" ::"r"(x));
 }
 
@@ -298,7 +298,7 @@ template <int R>
 void pv_rows_i16(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   I16Weights g;
-  const bool whole = t.H % kChunk == 0;
+  const bool whole = t.H == t.Hp;  // every chunk's 16 values inside the row
   const std::int64_t row_bytes = t.H;
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);

@@ -5,9 +5,11 @@
 //     of 16 h, fma(q even, k even, fma(q odd, k odd, acc)), chunk by chunk across the keys (whose rows
 //     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
 //     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
-//     fast path (bf16 or int8 rows, H = 64, 128, 256, whole groups of 8 keys) has every size a
-//     constant; the generic path (any dtype and H, the last partial group, the zero keys up to
-//     round_up(n, 16)) converts and masks chunk by chunk. Both give the same bits.
+//     fast path (bf16 rows, or int8 rows in the products form, H = 64, 128, 256, whole groups of 8
+//     keys) has every size a constant; the generic path (any dtype and H, the last partial group, the
+//     zero keys up to round_up(n, 16)) converts and masks chunk by chunk. Both give the same bits.
+//   int8 rows take the integers form on vpmaddwd (decode_qk_rows_i8 below) where H <= 256 and the Q
+//     rows are finite, the products form above otherwise.
 #include "kernels/avx2_decode_common.hpp"
 
 namespace flashgqa {
@@ -209,8 +211,8 @@ void qk_rows_any(const DecodeQk& t, const Q& q) {
 // the transpose-add, then each logit is float(sum) times its row's factor times its key's scale: the
 // bits of the avx512bf16 set's vpdpwssd kernels (decode_kernels_test.cpp checks them where both run).
 // Q rows [0, rows) of t (pack_q_row's bf16) as int16, Hp per row, and each row's factor
-// scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN: the
-// caller then takes the products form, whose sums carry them.
+// scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN, or when
+// its largest |q| is below kI16MinQ: the caller then takes the products form, whose sums carry them.
 inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) {
   const __m256i exponent = _mm256_set1_epi32(0x7f800000), magnitude = _mm256_set1_epi32(0x7fffffff);
   for (int r = 0; r < t.rows; ++r) {
@@ -228,6 +230,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (m > 0.0f && m < kI16MinQ) return false;  // 32767 / m could overflow
     const __m256 to_int = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     factor[r] = t.scale * (m / 32767.0f);
     for (std::int64_t h = 0; h < t.Hp; h += kChunk) {  // rounded to nearest even (MXCSR's default)

@@ -111,7 +111,8 @@
 //     decode_qk_rows (H <= 256; wider rows, whose sums could pass 2^31, take the products form): each Q row is quantized once per call against its largest |q|, m:
 //       q_int[h] = round(q[h] * fl(32767 / m)) (int16, nearest even; all 0 when m = 0), and
 //       S[r][j] = fl(fl(float(sum_h q_int[h] x_j[h]) * fl(scale * fl(m / 32767))) * s_j).
-//       A call whose Q rows hold a NaN or an infinity takes the products form.
+//       A call whose Q rows hold a NaN or an infinity, or a row with 0 < m < kI16MinQ (2^-100), takes
+//       the products form.
 //     decode_pv_rows: per row and group of 16 keys (keys 0..15, 16..31, ... of the call):
 //       w_j = fl(P[r][j] * s_j) (0 for keys j >= n), W = max |w_j|, q_j = round(w_j * fl(32767 / W))
 //       (int16; 0 when W = 0), and each O element becomes fma(fl(W / 32767), float(sum_j q_j x_j[h]), O).
@@ -209,6 +210,9 @@ struct PackSource {
 // Decode (see the contract above).
 constexpr int kDecodeMaxRows = 8;
 constexpr int kAmxDecodeMaxRows = 16;
+// The integers form's Q.K: a call with a Q row whose largest |q| is below this takes the products form
+// (the factor 32767 / max|q| would overflow fp32 below about 2^-113).
+constexpr float kI16MinQ = 0x1p-100f;
 
 struct DecodeQk {
   float* s;  // [rows][lds] fp32 logits
@@ -317,8 +321,9 @@ const FlashKernels& avx512f_decode_kernels();
 void avx512f_decode_qk_rows(const DecodeQk& t);
 void avx512f_decode_pv_rows(const DecodePv& t);
 // The avx2 path's decode set: bf16 pairs (pack_q_row, softmax_tile's P) and decode kernels that
-// multiply-add the halves of each pair with fp32 FMAs (kernels_avx2_decode_qk.cpp, _pv.cpp); its tile
-// kernels and K/V packers are null. Every AVX2 + FMA + F16C CPU runs it.
+// multiply-add the halves of each pair with fp32 FMAs, and int8 rows on vpmaddwd (the integers form)
+// (kernels_avx2_decode_qk.cpp, _pv.cpp); its tile kernels and K/V packers are null. Every AVX2 + FMA +
+// F16C CPU runs it.
 const FlashKernels& avx2_decode_kernels();
 void avx2_decode_qk_rows(const DecodeQk& t);
 void avx2_decode_pv_rows(const DecodePv& t);
