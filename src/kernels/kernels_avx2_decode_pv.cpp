@@ -9,8 +9,9 @@
 //     of 8 KiB of V whose keys are all present, the last any multiple of 16 keys) has every size a
 //     constant and first touches the group's rows line by line in address order (one load per line),
 //     so the passes, which read the rows strided, find them in L1: without it the hardware
-//     prefetchers did not keep up (the bench's T = 1 bf16 row 50 -> 35 ms, Zen 3). The generic path
-//     (f32, f16, other H; groups of 32 keys) converts and masks chunk by chunk. Both give the same bits.
+//     prefetchers did not keep up (a prefetch of the group took the bench's T = 1 bf16 row from 50 to
+//     35 ms on Zen 3; loads measured the same). The generic path (f32, f16, other H; groups of 32
+//     keys) converts and masks chunk by chunk. Both give the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
 #include "kernels/avx2_decode_common.hpp"
 
