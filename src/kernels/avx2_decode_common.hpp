@@ -30,6 +30,11 @@ constexpr int kChunk = 16;  // operands per chunk
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
 
+// The keys of a group of at most `most` that are there when `left` keys are left (0 when none are).
+inline int keys_in(std::int64_t left, int most) {
+  return left >= most ? most : left > 0 ? static_cast<int>(left) : 0;
+}
+
 // A chunk's operands as fp32: the even elements (0, 2, .., 14) and the odd ones (1, 3, .., 15).
 struct Halves {
   __m256 even, odd;

@@ -15,17 +15,31 @@
 namespace flashgqa {
 namespace {
 
+// 8 bf16 words as fp32 (exact).
+inline __m256 widen_bf16(__m128i w) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16)); }
+
+// All ones in the lanes of x that hold an infinity or a NaN.
+inline __m256i inf_or_nan(__m256 x) {
+  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+  return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), exponent), exponent);
+}
+
+// The largest lane of v.
+inline float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
 // 8 values row[h0 .. h0+8) as fp32, zero at or beyond H.
 inline __m256 load8_f32(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
   const std::int64_t n = H - h0;
   if (n >= 8) {
     switch (dtype) {
       case DType::f32: return _mm256_loadu_ps(static_cast<const float*>(row) + h0);
-      case DType::bf16: {
-        const __m128i b =
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
-      }
+      case DType::bf16:
+        return widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0)));
       case DType::f16:
         return _mm256_cvtph_ps(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + h0)));

@@ -31,6 +31,14 @@ inline void touch(const char* p) {
   __asm__ volatile("" ::"r"(x));
 }
 
+// Rows j0 .. j1 of `base` (ld_bytes apart, row_bytes each) touched line by line in address order.
+inline void touch_rows(const char* base, std::int64_t ld_bytes, std::int64_t row_bytes, std::int64_t j0,
+                       std::int64_t j1) {
+  for (std::int64_t j = j0; j < j1; ++j)
+#pragma GCC unroll 8
+    for (std::int64_t b = 0; b < row_bytes; b += 64) touch(base + j * ld_bytes + b);
+}
+
 // Row blocks: 4, 2 or 1 rows; a block's column passes take 4 / RB chunks.
 template <int RB>
 constexpr int pass_chunks() {
@@ -40,17 +48,11 @@ constexpr int pass_chunks() {
 // The P weights of keys [j0, j1) of rows [0, R) as fp32 (exact), w[r][j - j0].
 template <int R>
 inline void weights(const DecodePv& t, std::int64_t j0, std::int64_t j1, float (&w)[kDecodeMaxRows][kPvMaxGroup]) {
-  for (int r = 0; r < R; ++r) {
-    const std::uint16_t* p = static_cast<const std::uint16_t*>(t.p) + r * t.ldp;
-    std::int64_t j = j0;
-    for (; j + 8 <= j1; j += 8)
-      _mm256_storeu_ps(&w[r][j - j0], _mm256_castsi256_ps(_mm256_slli_epi32(
-                                          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j))), 16)));
-    for (; j < j1; ++j) {
-      const std::uint32_t bits = static_cast<std::uint32_t>(p[j]) << 16;
-      __builtin_memcpy(&w[r][j - j0], &bits, 4);
-    }
-  }
+  // Whole vectors of 8 (zero past j1): at most kPvMaxGroup floats from w[r][0], as groups hold at most
+  // that many keys (a multiple of 8).
+  for (int r = 0; r < R; ++r)
+    for (std::int64_t j = j0; j < j1; j += 8)
+      _mm256_storeu_ps(&w[r][j - j0], load8_f32(static_cast<const std::uint16_t*>(t.p) + r * t.ldp, DType::bf16, j, j1));
 }
 
 // O[r0 + r][16 c0 .. 16 (c0 + NC)) (split chunks) += sum_{j0 <= j < j1} w[r0 + r][j - j0] V[j][...], key
@@ -99,16 +101,12 @@ inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const floa
 template <int R, typename Rows>
 inline __attribute__((always_inline)) void pv_group(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
                                                     std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v) {
-  const auto block = [&](auto rb, int r0) {
+  row_blocks<R>([&](auto rb, int r0) {
     constexpr int RB = decltype(rb)::value, NC = pass_chunks<RB>();
     int c0 = 0;
     for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v);
     for (; c0 < nchunks; ++c0) pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v);
-  };
-  int r0 = 0;
-  for (; r0 + 4 <= R; r0 += 4) block(std::integral_constant<int, 4>{}, r0);
-  if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
-  if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+  });
 }
 
 // O's rows: each 16-column chunk in order <-> its 8 even columns, then its 8 odd ones (kSplit).
@@ -162,10 +160,7 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
     const std::int64_t j1 = j0 + kGroup < full ? j0 + kGroup : full;  // the last group: a multiple of 16 keys
-    constexpr int kRowBytes = 2 * kChunk * HC;
-    for (std::int64_t j = j0; j < j1; ++j)  // the group in address order first (see the top)
-#pragma GCC unroll 8
-      for (int b = 0; b < kRowBytes; b += 64) touch(v.base + j * v.ld_bytes + b);
+    touch_rows(v.base, v.ld_bytes, 2 * kChunk * HC, j0, j1);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
     pv_group<R>(t, w, j0, j1, HC, v);
   }
@@ -203,36 +198,24 @@ struct I16Weights {
   int keys;                                               // keys read (the rest count as zero rows)
 };
 
-inline float hmax8(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
-}
-
 // The weights of keys [jg, jg + 16) for rows [0, R): w = P s (keys past those read: 0), W = max |w|,
 // q = round(w (32767 / W)) (nearest even; 0 where w = 0).
 template <int R>
 inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
-  const std::int64_t read_end = t.nkeys < t.n ? t.nkeys : t.n;
-  const int read = static_cast<int>(read_end - jg < 0 ? 0 : read_end - jg > kI16Group ? kI16Group : read_end - jg);
+  const int read = keys_in((t.nkeys < t.n ? t.nkeys : t.n) - jg, kI16Group);
   g.keys = read;
   alignas(32) float sc[kI16Group] = {};
   for (int j = 0; j < read; ++j) sc[j] = t.v_scale[(jg + j) * t.ld_scale];
   const __m256 s0 = _mm256_load_ps(sc), s1 = _mm256_load_ps(sc + 8);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i exponent = _mm256_set1_epi32(0x7f800000);
   for (int r = 0; r < R; ++r) {
-    alignas(16) std::uint16_t pb[kI16Group] = {};
-    __builtin_memcpy(pb, static_cast<const std::uint16_t*>(t.p) + r * t.ldp + jg, 2 * static_cast<std::size_t>(read));
-    const __m256 p0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(pb))), 16));
-    const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(pb + 8))), 16));
+    const std::uint16_t* p = static_cast<const std::uint16_t*>(t.p) + r * t.ldp;  // keys jg .. jg + read
+    const __m256 p0 = load8_f32(p, DType::bf16, jg, jg + read), p1 = load8_f32(p, DType::bf16, jg + 8, jg + read);
     const __m256 w0 = _mm256_mul_ps(p0, s0), w1 = _mm256_mul_ps(p1, s1);
     _mm256_store_ps(g.w[r], w0);
     _mm256_store_ps(g.w[r] + 8, w1);
-    const __m256i inf_nan =
-        _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(w0), exponent), exponent),
-                        _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(w1), exponent), exponent));
-    const float W = hmax8(_mm256_max_ps(_mm256_and_ps(w0, abs_mask), _mm256_and_ps(w1, abs_mask)));
+    const __m256i inf_nan = _mm256_or_si256(inf_or_nan(w0), inf_or_nan(w1));
+    const float W = hmax(_mm256_max_ps(_mm256_and_ps(w0, abs_mask), _mm256_and_ps(w1, abs_mask)));
     g.bad[r] = !_mm256_testz_si256(inf_nan, inf_nan) || (W > 0.0f && W < kI16MinWeight);
     g.f[r] = W / 32767.0f;
     const __m256 c = _mm256_set1_ps(32767.0f / W);
@@ -300,21 +283,14 @@ void pv_rows_i16(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   I16Weights g;
   const bool whole = t.H == t.Hp;  // every chunk's 16 values inside the row
-  const std::int64_t row_bytes = t.H;
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);
-    for (int j = 0; j < g.keys; ++j)
-      for (std::int64_t b = 0; b < row_bytes; b += 64) touch(static_cast<const char*>(t.v) + (jg + j) * t.ldv + b);
-    for (int c = 0; c < static_cast<int>(t.Hp / kChunk); ++c) {
-      const auto block = [&](auto rb, int r0) {
+    touch_rows(static_cast<const char*>(t.v), t.ldv, t.H, jg, jg + g.keys);
+    for (int c = 0; c < static_cast<int>(t.Hp / kChunk); ++c)
+      row_blocks<R>([&](auto rb, int r0) {
         if (whole) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
         else i16_chunk<decltype(rb)::value, false>(t, g, r0, jg, c);
-      };
-      int r0 = 0;
-      for (; r0 + 4 <= R; r0 += 4) block(std::integral_constant<int, 4>{}, r0);
-      if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
-      if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
-    }
+      });
   }
 }
 

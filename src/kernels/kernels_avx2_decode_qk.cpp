@@ -151,16 +151,11 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& 
 template <int R, int kNc, typename Q, typename Rows>
 inline __attribute__((always_inline)) void qk_group(const DecodeQk& t, const Q& q, const Rows& k, std::int64_t j0,
                                                     int nj, int nc) {
-  const auto block = [&](auto rb, int r0) {
+  row_blocks<R, 8>([&](auto rb, int r0) {
     constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
     for (int jj = 0; jj < kQkAcc; jj += KG) qk_block<RB, kNc>(t, q, k, r0, j0 + jj, nj - jj, nc);
-  };
-  int r0 = 0;
-  if constexpr (R >= 8) block(std::integral_constant<int, 8>{}, r0), r0 += 8;
-  if constexpr (R % 8 >= 4) block(std::integral_constant<int, 4>{}, r0), r0 += 4;
-  if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
-  if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+  });
 }
 
 // The generic path: S[r][j] for j in [j_begin, round_up(n, 16)) (j_begin a multiple of 8), any dtype
@@ -170,10 +165,7 @@ void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
   const AnyRows k{static_cast<const char*>(t.k), t.ldk * elem_bytes(t.k_dtype), t.k_dtype, t.H, t.k_scale, t.ld_scale};
   const int nc = static_cast<int>(t.Hp / kChunk);
   const std::int64_t end = (t.n + 15) / 16 * 16;
-  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) {
-    const std::int64_t left = t.n - j0;
-    qk_group<R, 0>(t, q, k, j0, left >= kQkAcc ? kQkAcc : left > 0 ? static_cast<int>(left) : 0, nc);
-  }
+  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
 }
 
 // The fast path for bf16 or int8 rows with H = Hp = 16 HC: whole groups of 8 keys with every size a
@@ -214,29 +206,22 @@ void qk_rows_any(const DecodeQk& t, const Q& q) {
 // scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN, or when
 // its largest |q| is below kI16MinQ: the caller then takes the products form, whose sums carry them.
 inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) {
-  const __m256i exponent = _mm256_set1_epi32(0x7f800000), magnitude = _mm256_set1_epi32(0x7fffffff);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int r = 0; r < t.rows; ++r) {
     const auto* row = static_cast<const std::uint16_t*>(t.q) + r * t.ldq;
     __m256 mx = _mm256_setzero_ps();
     for (std::int64_t h = 0; h < t.Hp; h += kChunk) {
       const Halves x = split(_mm256_load_si256(reinterpret_cast<const __m256i*>(row + h)));
-      const __m256i inf_nan =
-          _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x.even), exponent), exponent),
-                          _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x.odd), exponent), exponent));
-      if (!_mm256_testz_si256(inf_nan, inf_nan)) return false;  // NaN, +-inf
-      mx = _mm256_max_ps(mx, _mm256_max_ps(_mm256_and_ps(x.even, _mm256_castsi256_ps(magnitude)),
-                                           _mm256_and_ps(x.odd, _mm256_castsi256_ps(magnitude))));
+      const __m256i bad = _mm256_or_si256(inf_or_nan(x.even), inf_or_nan(x.odd));
+      if (!_mm256_testz_si256(bad, bad)) return false;  // NaN, +-inf
+      mx = _mm256_max_ps(mx, _mm256_max_ps(_mm256_and_ps(x.even, magnitude), _mm256_and_ps(x.odd, magnitude)));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float m = hmax(mx);
     if (m > 0.0f && m < kI16MinQ) return false;  // 32767 / m could overflow
     const __m256 to_int = _mm256_set1_ps(m > 0.0f ? 32767.0f / m : 0.0f);
     factor[r] = t.scale * (m / 32767.0f);
     for (std::int64_t h = 0; h < t.Hp; h += kChunk) {  // rounded to nearest even (MXCSR's default)
-      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(row + h));
-      const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
-      const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
+      const __m256 lo = load8_f32(row, DType::bf16, h, t.Hp), hi = load8_f32(row, DType::bf16, h + 8, t.Hp);
       const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(lo, to_int)),
                                                 _mm256_cvtps_epi32(_mm256_mul_ps(hi, to_int)));
       _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * t.Hp + h), _mm256_permute4x64_epi64(packed, 0xd8));
@@ -295,28 +280,20 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 template <int R, int HC>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
   const auto group = [&](std::int64_t j0, int nj, auto whole, auto nc) {
-    const auto block = [&](auto rb, int r0) {
+    row_blocks<R, 8>([&](auto rb, int r0) {
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
       for (int jj = 0; jj < kQkAcc; jj += KG)
         qk_block_i8<RB, decltype(nc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj,
                                                                      static_cast<int>(t.Hp / kChunk));
-    };
-    int r0 = 0;
-    if constexpr (R >= 8) block(std::integral_constant<int, 8>{}, r0), r0 += 8;
-    if constexpr (R % 8 >= 4) block(std::integral_constant<int, 4>{}, r0), r0 += 4;
-    if constexpr (R % 4 >= 2) block(std::integral_constant<int, 2>{}, r0), r0 += 2;
-    if constexpr (R % 2 == 1) block(std::integral_constant<int, 1>{}, r0);
+    });
   };
   std::int64_t j0 = 0;
   if constexpr (HC > 0)
     for (; j0 + kQkAcc <= t.n; j0 += kQkAcc)
       group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{});
-  for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc) {
-    const std::int64_t left = t.n - j0;
-    group(j0, left >= kQkAcc ? kQkAcc : left > 0 ? static_cast<int>(left) : 0, std::false_type{},
-          std::integral_constant<int, 0>{});
-  }
+  for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc)
+    group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{});
 }
 
 // decode_qk_rows for int8 K in the integers form where H <= kSplitMaxHp and the Q rows are finite;

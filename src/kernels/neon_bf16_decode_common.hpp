@@ -78,15 +78,4 @@ inline void with_dtype(DType d, Fn&& fn) {
   }
 }
 
-// Rows [r0, r0 + R) in blocks of 4, then 2, then 1 (R = 8: two blocks of 4):
-// fn(std::integral_constant<int, RB>{}, first row of the block).
-template <int R, typename Fn>
-inline __attribute__((always_inline)) void row_blocks(Fn&& fn, int r0 = 0) {
-  if constexpr (R > 0) {
-    constexpr int RB = R >= 4 ? 4 : R >= 2 ? 2 : 1;
-    fn(std::integral_constant<int, RB>{}, r0);
-    row_blocks<R - RB>(fn, r0 + RB);
-  }
-}
-
 }  // namespace flashgqa::decode_neon_bf16
