@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cli/args.hpp"
@@ -139,8 +141,9 @@ const char* bench_decode_help() {
          "               [--threads N] [--repeats N] [--out DIR]\n"
          "  Times attention_with_kvcache (causal) on B sequences whose lengths are spread evenly over\n"
          "  [S/32, S], T new tokens each, for each K/V dtype and cache layout, and reports the K/V bytes\n"
-         "  read per second against the DRAM read bandwidth measured at the start of the run (median of\n"
-         "  --repeats runs each). Prints a table; writes DIR/bench_decode.csv.\n"
+         "  read per second against the DRAM read bandwidth. The cases of a layout are built together and\n"
+         "  timed in --repeats rounds, each running every case once and measuring the DRAM read once;\n"
+         "  medians over the rounds. Prints a table; writes DIR/bench_decode.csv.\n"
          "  --shape B,K,G,T,S,H  the workload (default 8,8,4,1,32768,128: lengths 1024..32768)\n"
          "  --kv-dtypes D,...    K/V dtypes (default bfloat16,float16,float32,int8; int8 with a float32\n"
          "                       scale per row, from quantize_kv, in kvcache_int8_form()'s form)\n"
@@ -168,12 +171,60 @@ int bench_decode(const Args& args) {
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   const std::string dir = args.optional("out").value_or(".");
 
-  std::fprintf(stderr, "bench --decode: measuring the DRAM read bandwidth...\n");
-  const study::Ceiling dram = study::measure_dram_read(threads, 5);
+  // Every case of a layout that fits in memory with the others is built first, then timed in rounds:
+  // each round runs each case once and measures the DRAM read once, so a slow or a fast spell of a
+  // shared machine falls on all of them alike, and their ratios (int8 / bf16 tokens/s, % of DRAM) hold
+  // where times taken one case after another swung 1.2-1.65x (docs/performance.md, session 14).
+  struct Row {
+    std::string cache;
+    std::int64_t page;
+    DType dtype;
+    double bytes = 0;
+    std::vector<double> times;
+    bool skipped = false;
+  };
+  std::vector<Row> rows;
+  std::vector<double> dram_rounds;
+  const double available = study::available_memory_bytes();
   const std::vector<std::int32_t> lens = shape.lengths();
-  std::printf("flashgqa bench --decode: %d threads, DRAM read %.1f GB/s (measured: median of 5, %.1f-%.1f); "
+  for (const std::int64_t page : pages) {
+    const std::string cache = page == 0 ? "dense" : "page" + std::to_string(page);
+    std::vector<std::pair<std::size_t, std::unique_ptr<DecodeCase>>> batch;  // (row, its case)
+    double batch_bytes = 0;
+    const auto run_batch = [&] {
+      for (auto& [row, c] : batch) c->run(threads);  // warm-up
+      for (int r = 0; r < repeats; ++r) {
+        dram_rounds.push_back(study::measure_dram_read(threads, 1).median);
+        for (auto& [row, c] : batch) rows[row].times.push_back(seconds_of([&] { c->run(threads); }));
+      }
+      batch.clear();
+      batch_bytes = 0;
+    };
+    for (const DType dtype : dtypes) {
+      const double needed = DecodeCase::bytes_needed(shape, page, dtype);
+      if (needed > 0x1p50)
+        throw Error("--shape: a cache of " + std::to_string(needed / 1e9) + " GB, expected one that fits in memory");
+      rows.push_back(Row{cache, page, dtype, 0, {}, false});
+      if (available > 0 && needed > 0.8 * available) {
+        rows.back().skipped = true;
+        continue;
+      }
+      if (available > 0 && batch_bytes + needed > 0.8 * available) run_batch();  // time what is built, free it
+      std::fprintf(stderr, "bench --decode: building %s %s ...\n", cache.c_str(), dtype_name(dtype));
+      batch.emplace_back(rows.size() - 1, std::make_unique<DecodeCase>(shape, page, dtype));
+      rows.back().bytes = batch.back().second->kv_bytes();
+      batch_bytes += needed;
+    }
+    std::fprintf(stderr, "bench --decode: timing %s, %d rounds ...\n", cache.c_str(), repeats);
+    run_batch();
+  }
+
+  std::sort(dram_rounds.begin(), dram_rounds.end());
+  const double dram = dram_rounds.empty() ? 0 : dram_rounds[dram_rounds.size() / 2];
+  std::printf("flashgqa bench --decode: %d threads, DRAM read %.1f GB/s (measured: median of %zu, %.1f-%.1f); "
               "B,K,G,T,H = %lld,%lld,%lld,%lld,%lld, lengths %d..%d\n",
-              threads, dram.median / 1e9, dram.min / 1e9, dram.max / 1e9, static_cast<long long>(shape.B),
+              threads, dram / 1e9, dram_rounds.size(), dram_rounds.empty() ? 0 : dram_rounds.front() / 1e9,
+              dram_rounds.empty() ? 0 : dram_rounds.back() / 1e9, static_cast<long long>(shape.B),
               static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
               static_cast<long long>(shape.H), lens.front(), lens.back());
   if (std::find(dtypes.begin(), dtypes.end(), DType::i8) != dtypes.end())
@@ -182,37 +233,27 @@ int bench_decode(const Args& args) {
               "tokens/s");
   std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"
                     "percent_dram,tokens_per_s\n";
-  const double available = study::available_memory_bytes();
-  for (const std::int64_t page : pages)
-    for (const DType dtype : dtypes) {
-      const std::string cache = page == 0 ? "dense" : "page" + std::to_string(page);
-      if (DecodeCase::bytes_needed(shape, page, dtype) > 0x1p50)
-        throw Error("--shape: a cache of " + std::to_string(DecodeCase::bytes_needed(shape, page, dtype) / 1e9) +
-                    " GB, expected one that fits in memory");
-      if (available > 0 && DecodeCase::bytes_needed(shape, page, dtype) > 0.8 * available) {
-        std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", cache.c_str(),
-                    dtype_name(dtype));
-        continue;
-      }
-      std::fprintf(stderr, "bench --decode: %s %s ...\n", cache.c_str(), dtype_name(dtype));
-      DecodeCase c(shape, page, dtype);
-      c.run(threads);  // warm-up
-      std::vector<double> times;
-      for (int r = 0; r < repeats; ++r) times.push_back(seconds_of([&] { c.run(threads); }));
-      std::sort(times.begin(), times.end());
-      const double median = times[times.size() / 2], bytes = c.kv_bytes();
-      const double gbs = bytes / median / 1e9, pct = 100.0 * bytes / median / dram.median;
-      const double tokens = static_cast<double>(shape.B * shape.T) / median;
-      std::printf("%-8s %-9s %10.3f %9.1f %8.2f %7.1f %9.1f\n", cache.c_str(), dtype_name(dtype), median * 1e3,
-                  bytes / 1e6, gbs, pct, tokens);
-      char line[512];
-      std::snprintf(line, sizeof line, "%s,%lld,%s,%lld,%lld,%lld,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g,%.6g\n",
-                    cache.c_str(), static_cast<long long>(page), dtype_name(dtype), static_cast<long long>(shape.B),
-                    static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
-                    static_cast<long long>(shape.H), static_cast<long long>(shape.S), median, times.front(),
-                    times.back(), bytes, gbs, dram.median / 1e9, pct, tokens);
-      csv += line;
+  for (Row& row : rows) {
+    if (row.skipped) {
+      std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", row.cache.c_str(),
+                  dtype_name(row.dtype));
+      continue;
     }
+    std::vector<double>& times = row.times;
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2], bytes = row.bytes;
+    const double gbs = bytes / median / 1e9, pct = 100.0 * bytes / median / dram;
+    const double tokens = static_cast<double>(shape.B * shape.T) / median;
+    std::printf("%-8s %-9s %10.3f %9.1f %8.2f %7.1f %9.1f\n", row.cache.c_str(), dtype_name(row.dtype),
+                median * 1e3, bytes / 1e6, gbs, pct, tokens);
+    char line[512];
+    std::snprintf(line, sizeof line, "%s,%lld,%s,%lld,%lld,%lld,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g,%.6g\n",
+                  row.cache.c_str(), static_cast<long long>(row.page), dtype_name(row.dtype),
+                  static_cast<long long>(shape.B), static_cast<long long>(shape.K), static_cast<long long>(shape.G),
+                  static_cast<long long>(shape.T), static_cast<long long>(shape.H), static_cast<long long>(shape.S),
+                  median, times.front(), times.back(), bytes, gbs, dram / 1e9, pct, tokens);
+    csv += line;
+  }
   write_out_files(dir, {{"bench_decode.csv", csv}});
   return 0;
 }

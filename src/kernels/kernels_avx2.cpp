@@ -28,25 +28,42 @@ __m256 load8_operand(const void* row, const PackSource& s, std::int64_t h0) {
 
 // 2^x with the polynomial of exp_poly.hpp: n = floor(x), f = x - n in [0, 1), P(f) * 2^n with 2^n
 // applied as two exact power-of-two factors (n in [-150, 129] after clamping; NaN passes the clamps).
-__m256 exp2_poly(__m256 x) {
+// N vectors at once, step by step across them: one vector's ~20 dependent operations (~45 cycles)
+// alone fill the FP scheduler and leave the pipes idle; N independent chains in program order keep
+// them busy (the softmax's exp loop at N = 4: ~2x faster on Zen 3). The same operations per vector.
+template <int N>
+inline __attribute__((always_inline)) void exp2_poly_n(__m256 (&x)[N]) {
   using namespace exp_poly;
-  x = _mm256_max_ps(_mm256_set1_ps(kMinExp2), x);  // NaN passes (second operand)
-  x = _mm256_min_ps(_mm256_set1_ps(kMaxExp2), x);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(kC5);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kC1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i n1 = _mm256_srai_epi32(ni, 1);
-  const __m256i n2 = _mm256_sub_epi32(ni, n1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  __m256 f[N], p[N];
+  __m256i ni[N];
+#pragma GCC unroll 4
+  for (int i = 0; i < N; ++i) {
+    x[i] = _mm256_max_ps(_mm256_set1_ps(kMinExp2), x[i]);  // NaN passes (second operand)
+    x[i] = _mm256_min_ps(_mm256_set1_ps(kMaxExp2), x[i]);
+    const __m256 n = _mm256_round_ps(x[i], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    f[i] = _mm256_sub_ps(x[i], n);
+    ni[i] = _mm256_cvtps_epi32(n);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(_mm256_set1_ps(kC5), f[i], _mm256_set1_ps(kC4));
+  for (const float c : {kC3, kC2, kC1, 1.0f})
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(c));
+#pragma GCC unroll 4
+  for (int i = 0; i < N; ++i) {
+    const __m256i n1 = _mm256_srai_epi32(ni[i], 1);
+    const __m256i n2 = _mm256_sub_epi32(ni[i], n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    x[i] = _mm256_mul_ps(_mm256_mul_ps(p[i], s1), s2);
+  }
+}
+
+__m256 exp2_poly(__m256 x) {
+  __m256 v[1] = {x};
+  exp2_poly_n<1>(v);
+  return v[0];
 }
 
 // tanh(y) by the rational of tanh_poly.hpp: clamp (NaN passes: min/max return their second operand),
@@ -181,6 +198,7 @@ void pv_tile_6x32(const PvTile& t) {
 
 // The online softmax over the tile (contract in microkernels.hpp); write(r, j, e) stores keys
 // j .. j+8 of row r's weights (e unrounded; the sums take it as it is).
+constexpr int kExpN = 4;  // exp vectors per step where all lanes are visible (see exp2_poly_n)
 template <typename Write>
 bool softmax_rows(const SoftmaxTile& t, const Write& write) {
   const __m256 log2e = _mm256_set1_ps(exp_poly::kLog2e);
@@ -203,7 +221,17 @@ bool softmax_rows(const SoftmaxTile& t, const Write& write) {
     m_use[r] = mn == neg_inf ? 0.0f : mn;
     const __m256 neg_m = _mm256_set1_ps(-m_use[r] * exp_poly::kLog2e);
     __m256 sum = _mm256_setzero_ps();
-    for (std::int64_t j = 0; j < t.n; j += 8) {
+    for (std::int64_t j = 0; j < t.n;) {
+      if (j >= lo && j + 8 * kExpN <= hi) {  // kExpN vectors of visible keys at once (see exp2_poly_n)
+        __m256 e[kExpN];
+#pragma GCC unroll 4
+        for (int i = 0; i < kExpN; ++i) e[i] = _mm256_fmadd_ps(_mm256_load_ps(s + j + 8 * i), log2e, neg_m);
+        exp2_poly_n<kExpN>(e);
+#pragma GCC unroll 4
+        for (int i = 0; i < kExpN; ++i) sum = _mm256_add_ps(sum, e[i]), write(r, j + 8 * i, e[i]);
+        j += 8 * kExpN;
+        continue;
+      }
       __m256 e = _mm256_setzero_ps();
       if (j + 8 > lo && j < hi) {
         e = exp2_poly(_mm256_fmadd_ps(_mm256_load_ps(s + j), log2e, neg_m));
@@ -211,6 +239,7 @@ bool softmax_rows(const SoftmaxTile& t, const Write& write) {
         sum = _mm256_add_ps(sum, e);
       }
       write(r, j, e);
+      j += 8;
     }
     sums[r] = hsum(sum);
   }
