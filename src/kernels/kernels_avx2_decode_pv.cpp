@@ -10,8 +10,10 @@
 //     constant and first touches the group's rows line by line in address order (one load per line),
 //     so the passes, which read the rows strided, find them in L1: without it the hardware
 //     prefetchers did not keep up (a prefetch of the group took the bench's T = 1 bf16 row from 50 to
-//     35 ms on Zen 3; loads measured the same). The generic path (f32, f16, other H; groups of 32
-//     keys) converts and masks chunk by chunk. Both give the same bits.
+//     35 ms on Zen 3; loads measured the same). f16 and f32 rows of those widths take it on bf16
+//     copies of 32 keys at a time (pv_rows_converted). The generic path (other H, other dtypes, the
+//     keys past the last whole 16; groups of 32 keys) converts and masks chunk by chunk. All give
+//     the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
 #include "kernels/avx2_decode_common.hpp"
 
@@ -167,16 +169,46 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
   pv_rows<R>(t, full);
 }
 
+// The bf16 fast path's widths, then the generic path (O already rescaled and split).
 template <int R>
-void pv_rows_any(const DecodePv& t) {
-  if (t.corr) rescale_o<R>(t);
-  permute_o<R, true>(t);
+void pv_rows_bf16(const DecodePv& t) {
   const bool fast = t.v_dtype == DType::bf16 && t.H == t.Hp;
   const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
   if (fast && t.Hp == 64) pv_rows_fast<R, 4>(t, v);
   else if (fast && t.Hp == 128) pv_rows_fast<R, 8>(t, v);
   else if (fast && t.Hp == 256) pv_rows_fast<R, 16>(t, v);
   else pv_rows<R>(t, 0);
+}
+
+// f16 and f32 rows (converts_rows): kConvertKeys keys at a time as bf16 words, then the bf16 path.
+// Pieces start at multiples of 32 keys and each O element still takes its keys one by one in
+// increasing j: the bits of one call.
+template <int R>
+void pv_rows_converted(const DecodePv& t) {
+  alignas(32) std::uint16_t rows[kConvertKeys * kConvertMaxH];
+  const std::int64_t read = t.nkeys < t.n ? t.nkeys : t.n;  // keys past it count as zero rows
+  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kConvertKeys) {
+    const std::int64_t nkeys = t.nkeys - j0 < kConvertKeys ? t.nkeys - j0 : kConvertKeys;
+    const std::int64_t n = keys_in(read - j0, static_cast<int>(nkeys));
+    rows_to_bf16(rows, t.v, t.v_dtype, t.ldv, j0, n, t.H);
+    DecodePv piece = t;
+    piece.p = static_cast<const std::uint16_t*>(t.p) + j0;
+    piece.v = rows;
+    piece.v_dtype = DType::bf16;
+    piece.ldv = t.H;
+    piece.n = n;
+    piece.nkeys = nkeys;
+    piece.corr = nullptr;
+    pv_rows_bf16<R>(piece);
+  }
+}
+
+template <int R>
+void pv_rows_any(const DecodePv& t) {
+  if (t.corr) rescale_o<R>(t);
+  permute_o<R, true>(t);
+  if (converts_rows(t.v_dtype, t.H, t.Hp)) pv_rows_converted<R>(t);
+  else pv_rows_bf16<R>(t);
   permute_o<R, false>(t);
 }
 

@@ -6,7 +6,8 @@
 //     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
 //     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
 //     fast path (bf16 rows, or int8 rows in the products form, H = 64, 128, 256, whole groups of 8
-//     keys) has every size a constant; the generic path (any dtype and H, the last partial group, the
+//     keys) has every size a constant (f16 and f32 rows of those widths take it on bf16 copies of
+//     32 keys at a time: qk_rows_converted); the generic path (any dtype and H, the last partial group, the
 //     zero keys up to round_up(n, 16)) converts and masks chunk by chunk. Both give the same bits.
 //   int8 rows take the integers form on vpmaddwd (decode_qk_rows_i8 below) where H <= 256 and the Q
 //     rows are finite, the products form above otherwise.
@@ -314,6 +315,24 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   return true;
 }
 
+// f16 and f32 rows (converts_rows): kConvertKeys keys at a time as bf16 words, then the bf16 path.
+// Pieces start at multiples of 32 keys, and each logit is its own key's: the bits of one call.
+template <typename Q>
+void qk_rows_converted(const DecodeQk& t, const Q& q) {
+  alignas(32) std::uint16_t rows[kConvertKeys * kConvertMaxH];
+  for (std::int64_t j0 = 0; j0 < t.n; j0 += kConvertKeys) {
+    const std::int64_t n = t.n - j0 < kConvertKeys ? t.n - j0 : kConvertKeys;
+    rows_to_bf16(rows, t.k, t.k_dtype, t.ldk, j0, n, t.H);
+    DecodeQk piece = t;
+    piece.s = t.s + j0;
+    piece.k = rows;
+    piece.k_dtype = DType::bf16;
+    piece.ldk = t.H;
+    piece.n = n;
+    with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(piece, q); });
+  }
+}
+
 }  // namespace
 
 void avx2_decode_qk_rows(const DecodeQk& t) {
@@ -325,6 +344,7 @@ void avx2_decode_qk_rows(const DecodeQk& t) {
   alignas(32) float qs[kDecodeMaxRows * kSplitMaxHp];
   split_q_rows(qs, t);
   const SplitQ q{qs, t.Hp};
+  if (converts_rows(t.k_dtype, t.H, t.Hp)) return qk_rows_converted(t, q);
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(t, q); });
 }
 
