@@ -192,6 +192,7 @@ int bench_decode(const Args& args) {
     std::vector<std::pair<std::size_t, std::unique_ptr<DecodeCase>>> batch;  // (row, its case)
     double batch_bytes = 0;
     const auto run_batch = [&] {
+      if (batch.empty()) return;
       for (auto& [row, c] : batch) c->run(threads);  // warm-up
       for (int r = 0; r < repeats; ++r) {
         dram_rounds.push_back(study::measure_dram_read(threads, 1).median);
@@ -219,6 +220,7 @@ int bench_decode(const Args& args) {
     run_batch();
   }
 
+  if (dram_rounds.empty()) dram_rounds.push_back(study::measure_dram_read(threads, 5).median);  // all skipped
   std::sort(dram_rounds.begin(), dram_rounds.end());
   const double dram = dram_rounds.empty() ? 0 : dram_rounds[dram_rounds.size() / 2];
   std::printf("flashgqa bench --decode: %d threads, DRAM read %.1f GB/s (measured: median of %zu, %.1f-%.1f); "
