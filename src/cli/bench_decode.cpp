@@ -95,16 +95,25 @@ class DecodeCase {
                        (dtype_ == DType::i8 ? 4.0 : 0.0);
     return 2.0 * keys * static_cast<double>(s_.K) * row;
   }
-  // The cache and its float staging copy, in double (a --shape whose sizes overflow int64 is refused
-  // by the caller from this before anything is allocated).
-  static double bytes_needed(const DecodeShape& s, std::int64_t page, DType dtype) {
-    const double longest = static_cast<double>(s.S + s.T);
-    const double rows = page > 0 ? std::ceil(longest / static_cast<double>(page)) * static_cast<double>(page) : longest;
-    return 2.0 * static_cast<double>(s.B) * static_cast<double>(s.K) * rows * static_cast<double>(s.H) *
-           (static_cast<double>(dtype_size(dtype)) + 4.0);
+  // Memory, in double (a --shape whose sizes overflow int64 is refused by the caller from build_bytes
+  // before anything is allocated). Held: the cache (K and V, int8's scales). While building: also
+  // int8's float32 staging copy of K or of V (one at a time; the float dtypes are written directly).
+  static double resident_bytes(const DecodeShape& s, std::int64_t page, DType dtype) {
+    const double rows = cells(s, page) / static_cast<double>(s.H);
+    return 2.0 * (cells(s, page) * static_cast<double>(dtype_size(dtype)) + (dtype == DType::i8 ? 4.0 * rows : 0.0));
+  }
+  static double build_bytes(const DecodeShape& s, std::int64_t page, DType dtype) {
+    return resident_bytes(s, page, dtype) + (dtype == DType::i8 ? 4.0 * cells(s, page) : 0.0);
   }
 
  private:
+  // Values in K (or V): dim0 x K x rows x H.
+  static double cells(const DecodeShape& s, std::int64_t page) {
+    const double longest = static_cast<double>(s.S + s.T);
+    const double rows = page > 0 ? std::ceil(longest / static_cast<double>(page)) * static_cast<double>(page) : longest;
+    return static_cast<double>(s.B) * static_cast<double>(s.K) * rows * static_cast<double>(s.H);
+  }
+
   // n values of a normal block tiled (the values do not change the time), as `dtype`.
   static std::vector<std::byte> random_values(std::int64_t n, DType dtype, std::uint64_t seed) {
     constexpr std::int64_t kBlock = 1 << 16;
@@ -171,7 +180,12 @@ int bench_decode(const Args& args) {
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   const std::string dir = args.optional("out").value_or(".");
 
-  // Every case of a layout that fits in memory with the others is built first, then timed in rounds:
+  for (const std::int64_t page : pages)
+    for (const DType dtype : dtypes)
+      if (const double b = DecodeCase::build_bytes(shape, page, dtype); b > 0x1p50)
+        throw Error("--shape: a cache of " + std::to_string(b / 1e9) + " GB, expected one that fits in memory");
+
+  // The cases of a layout are built first (as many as fit in memory together), then timed in rounds:
   // each round runs each case once and measures the DRAM read once, so a slow or a fast spell of a
   // shared machine falls on all of them alike, and their ratios (int8 / bf16 tokens/s, % of DRAM) hold
   // where times taken one case after another swung 1.2-1.65x (docs/performance.md, session 14).
@@ -186,47 +200,53 @@ int bench_decode(const Args& args) {
   std::vector<Row> rows;
   std::vector<double> dram_rounds;
   const double available = study::available_memory_bytes();
+  // measure_dram_read's buffers (128 MiB per thread), allocated while the cases are held.
+  const double dram_buffers = static_cast<double>(threads) * static_cast<double>(128L << 20);
+  const auto fits = [&](double bytes) { return available <= 0 || bytes + dram_buffers <= 0.8 * available; };
   const std::vector<std::int32_t> lens = shape.lengths();
   for (const std::int64_t page : pages) {
     const std::string cache = page == 0 ? "dense" : "page" + std::to_string(page);
     std::vector<std::pair<std::size_t, std::unique_ptr<DecodeCase>>> batch;  // (row, its case)
-    double batch_bytes = 0;
+    double held = 0;
     const auto run_batch = [&] {
       if (batch.empty()) return;
+      std::fprintf(stderr, "bench --decode: timing %s, %zu cases, %d rounds ...\n", cache.c_str(), batch.size(),
+                   repeats);
       for (auto& [row, c] : batch) c->run(threads);  // warm-up
       for (int r = 0; r < repeats; ++r) {
         dram_rounds.push_back(study::measure_dram_read(threads, 1).median);
         for (auto& [row, c] : batch) rows[row].times.push_back(seconds_of([&] { c->run(threads); }));
       }
       batch.clear();
-      batch_bytes = 0;
+      held = 0;
     };
     for (const DType dtype : dtypes) {
-      const double needed = DecodeCase::bytes_needed(shape, page, dtype);
-      if (needed > 0x1p50)
-        throw Error("--shape: a cache of " + std::to_string(needed / 1e9) + " GB, expected one that fits in memory");
       rows.push_back(Row{cache, page, dtype, 0, {}, false});
-      if (available > 0 && needed > 0.8 * available) {
+      const double build = DecodeCase::build_bytes(shape, page, dtype);
+      if (!fits(build)) {
         rows.back().skipped = true;
         continue;
       }
-      if (available > 0 && batch_bytes + needed > 0.8 * available) run_batch();  // time what is built, free it
+      if (!fits(held + build)) {  // time what is built and free it: this layout's ratios span two batches
+        std::fprintf(stderr, "bench --decode: %s: not every case fits in memory at once; timing the %zu built\n",
+                     cache.c_str(), batch.size());
+        run_batch();
+      }
       std::fprintf(stderr, "bench --decode: building %s %s ...\n", cache.c_str(), dtype_name(dtype));
       batch.emplace_back(rows.size() - 1, std::make_unique<DecodeCase>(shape, page, dtype));
       rows.back().bytes = batch.back().second->kv_bytes();
-      batch_bytes += needed;
+      held += DecodeCase::resident_bytes(shape, page, dtype);
     }
-    std::fprintf(stderr, "bench --decode: timing %s, %d rounds ...\n", cache.c_str(), repeats);
     run_batch();
   }
 
   if (dram_rounds.empty()) dram_rounds.push_back(study::measure_dram_read(threads, 5).median);  // all skipped
   std::sort(dram_rounds.begin(), dram_rounds.end());
-  const double dram = dram_rounds.empty() ? 0 : dram_rounds[dram_rounds.size() / 2];
+  const double dram = dram_rounds[dram_rounds.size() / 2];  // over every round of the run
   std::printf("flashgqa bench --decode: %d threads, DRAM read %.1f GB/s (measured: median of %zu, %.1f-%.1f); "
               "B,K,G,T,H = %lld,%lld,%lld,%lld,%lld, lengths %d..%d\n",
-              threads, dram / 1e9, dram_rounds.size(), dram_rounds.empty() ? 0 : dram_rounds.front() / 1e9,
-              dram_rounds.empty() ? 0 : dram_rounds.back() / 1e9, static_cast<long long>(shape.B),
+              threads, dram / 1e9, dram_rounds.size(), dram_rounds.front() / 1e9, dram_rounds.back() / 1e9,
+              static_cast<long long>(shape.B),
               static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
               static_cast<long long>(shape.H), lens.front(), lens.back());
   if (std::find(dtypes.begin(), dtypes.end(), DType::i8) != dtypes.end())

@@ -9,9 +9,11 @@
 // odd ones as fp32 (exact). The Q rows are split once per call, so the per-key loop splits only the
 // K or V chunk; P.V keeps O's columns as each chunk's even columns then its odd ones for the call. As
 // on AVX-512 (avx512_decode_common.hpp), decode does ~G FLOPs per K/V byte, so it is bound by the DRAM
-// stream where the FMAs keep up: no packed copy, and the rows read about in address order (Q.K chunk by
-// chunk across a few adjacent keys; P.V, whose passes read a group's rows strided, touches them line by
-// line in order first), with no software prefetch (at 16 KiB ahead it did not help Q.K on Zen 3).
+// stream where the FMAs keep up: no packed copy (f16 and f32 rows only: a bf16 copy of 32 keys at a
+// time in L1, rows_to_bf16 below), and the rows read about in address order (Q.K chunk by chunk across
+// a few adjacent keys; P.V, whose passes read a group's rows strided, touches them line by line in
+// order first), with no software prefetch (32 to 256 keys ahead it did not help on Zen 3:
+// docs/performance.md, sessions 13 and 14).
 #pragma once
 
 #include <immintrin.h>

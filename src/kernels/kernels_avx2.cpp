@@ -47,9 +47,11 @@ inline __attribute__((always_inline)) void exp2_poly_n(__m256 (&x)[N]) {
   }
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(_mm256_set1_ps(kC5), f[i], _mm256_set1_ps(kC4));
-  for (const float c : {kC3, kC2, kC1, 1.0f})
+  const float coefficients[4] = {kC3, kC2, kC1, 1.0f};  // (a plain array: no library template here)
 #pragma GCC unroll 4
-    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(c));
+  for (int c = 0; c < 4; ++c)
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(coefficients[c]));
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) {
     const __m256i n1 = _mm256_srai_epi32(ni[i], 1);
