@@ -194,8 +194,7 @@ int bench_decode(const Args& args) {
     std::int64_t page;
     DType dtype;
     double bytes = 0;
-    std::vector<double> times;
-    bool skipped = false;
+    std::vector<double> times;  // none: skipped (the case would not fit in memory)
   };
   std::vector<Row> rows;
   std::vector<double> dram_rounds;
@@ -221,12 +220,9 @@ int bench_decode(const Args& args) {
       held = 0;
     };
     for (const DType dtype : dtypes) {
-      rows.push_back(Row{cache, page, dtype, 0, {}, false});
+      rows.push_back(Row{cache, page, dtype, 0, {}});
       const double build = DecodeCase::build_bytes(shape, page, dtype);
-      if (!fits(build)) {
-        rows.back().skipped = true;
-        continue;
-      }
+      if (!fits(build)) continue;
       if (!fits(held + build)) {  // time what is built and free it: this layout's ratios span two batches
         std::fprintf(stderr, "bench --decode: %s: not every case fits in memory at once; timing the %zu built\n",
                      cache.c_str(), batch.size());
@@ -256,7 +252,7 @@ int bench_decode(const Args& args) {
   std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"
                     "percent_dram,tokens_per_s\n";
   for (Row& row : rows) {
-    if (row.skipped) {
+    if (row.times.empty()) {
       std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", row.cache.c_str(),
                   dtype_name(row.dtype));
       continue;

@@ -93,15 +93,14 @@ inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
 }
 
 // Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each, a multiple of 16) as bf16
-// words at dst, H per row.
+// words at dst, H per row: load16_bf16's words (its dtype a constant here, so its branches fold).
 template <DType kDtype>
 inline void rows_to_bf16(std::uint16_t* dst, const void* src, std::int64_t ld, std::int64_t j0, std::int64_t n,
                          std::int64_t H) {
   for (std::int64_t j = 0; j < n; ++j) {
     const char* row = static_cast<const char*>(src) + (j0 + j) * ld * elem_bytes(kDtype);
     for (std::int64_t h = 0; h < H; h += kChunk)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + j * H + h),
-                         bf16_words(load8_f32(row, kDtype, h, H), load8_f32(row, kDtype, h + 8, H)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + j * H + h), load16_bf16(row, kDtype, h, H, 1.0f));
   }
 }
 
