@@ -34,15 +34,16 @@
 // weights are quantized per 16 keys of a call, and pieces start at multiples of 16 keys: the bits of
 // one call still).
 //
-// Overlap (dense K/V, groups of kOverlapMinRows rows or more, the first group of a block: the one that
-// reads K/V from DRAM): there the kernels' work per key is as long as its bytes' time, and the hardware
-// prefetchers alone left the two one after the other (T = 2 at G = 4 took the T = 1 time plus its
+// Overlap (dense K/V, groups of the set's decode_overlap_rows rows or more, the first group of a block:
+// the one that reads K/V from DRAM): there the kernels' work per key is as long as its bytes' time, and
+// the hardware prefetchers alone left the two one after the other (T = 2 at G = 4 took the T = 1 time plus its
 // in-cache compute). So the calls go in pieces of kOverlapKeys keys, each preceded by an L2 prefetch of
 // the rows the next phase reads: QK's piece of K with the same keys' V rows, PV's piece of V with the
 // next block's K rows. Pieces start at multiples of kOverlapKeys keys, so the bits are those of one
 // call (as with pages). Measured on Zen 4: T = 2 1.33x, T = 4 1.2x, T = 16 1.06x faster; G*T = 4
 // rows (T = 1 at G = 4, bound by the stream) 1.16x slower with it, hence the row threshold
-// (docs/performance.md, session 10).
+// (docs/performance.md, session 10). On Zen 3 (the avx2 set, whose decode_overlap_rows is 0) the
+// prefetches cost more than they hid: T = 2 1.2x, T = 4 1.1x slower with them (session 15).
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
@@ -110,8 +111,7 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 constexpr std::int64_t kGatherPagesBelow = 64;
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
-// Overlap (see the top of the file): from this many rows in a group, in pieces of this many keys.
-constexpr std::int64_t kOverlapMinRows = 8;
+// Overlap (see the top of the file): in pieces of this many keys.
 constexpr std::int64_t kOverlapKeys = 32;
 
 // Into L2 (prefetcht1), line by line: the row_bytes bytes at row.
@@ -243,7 +243,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
   // Overlap: the first group of a dense block, with enough rows (see the top of the file).
-  const std::int64_t piece = plan.pages == nullptr && r0 == 0 && R >= kOverlapMinRows ? kOverlapKeys : 0;
+  const bool overlap = plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
+  const std::int64_t piece = overlap ? kOverlapKeys : 0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged).
   for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
                  w.gather_scales.as<float>(),

@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/dtype.hpp"
 #include "flash/flash_packed.hpp"
@@ -107,6 +108,37 @@ TEST_P(FlashDecode, FastKernelsGiveTheGenericBits) {
         EXPECT_TRUE(r.ok) << testing::to_string(shape) << (causal ? " causal: " : ": ") << r.describe();
         flash_attention(flash_problem(generic, o), isa());
         EXPECT_TRUE(bitwise_equal(fast.out_and_lse_values(), generic.out_and_lse_values()))
+            << testing::to_string(shape) << (causal ? " causal" : "");
+      }
+}
+
+// The overlap (a dense block's first row group in pieces of 32 keys, each prefetching the rows the next
+// phase reads) gives the bits of one call per block: the set's decode kernels with it from 8 rows and
+// without it give the same out and lse for row groups (G*T = 16 and 12), keys no piece divides,
+// causal or not, blocks and splits; against the reference too. Each set's own choice is one of these
+// two (decode_overlap_rows: 8, or 0 on avx2).
+TEST_P(FlashDecode, OverlapGivesTheBitsOfOneCall) {
+  const FlashKernels& k = decode_kernels_for(isa(), Precision::bf16);
+  if (k.decode_qk_rows == nullptr) return;  // the packed path: no overlap to check
+  FlashKernels with = k, without = k;
+  with.decode_overlap_rows = 8;
+  without.decode_overlap_rows = 0;
+  int seed = 90;
+  for (std::int64_t H : {64, 128})
+    for (const Shape& shape : {Shape{1, 2, 4, 4, 1500, H}, Shape{2, 1, 4, 3, 999, H}})
+      for (bool causal : {false, true}) {
+        Options o;
+        o.causal = causal;
+        o.block_kv = causal ? 200 : 0;
+        AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+        const Problem p = flash_problem(c, o);
+        ASSERT_TRUE(flash_decode_row_groups_apply(p, k));
+        flash_attention_decode(p, with);
+        const ErrorReport r = check_against_reference(p, reference_attention(p));
+        EXPECT_TRUE(r.ok) << testing::to_string(shape) << (causal ? " causal: " : ": ") << r.describe();
+        const std::vector<float> overlapped = c.out_and_lse_values();
+        flash_attention_decode(p, without);
+        EXPECT_TRUE(bitwise_equal(overlapped, c.out_and_lse_values()))
             << testing::to_string(shape) << (causal ? " causal" : "");
       }
 }

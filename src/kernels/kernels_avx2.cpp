@@ -360,7 +360,8 @@ const FlashKernels& avx2_decode_kernels() {
                               .decode_qk_rows = avx2_decode_qk_rows,
                               .decode_pv_rows = avx2_decode_pv_rows,
                               .softmax_grad_pack = nullptr,
-                              .int8_on_integers = true};
+                              .int8_on_integers = true,
+                              .decode_overlap_rows = 0};
   return k;
 }
 

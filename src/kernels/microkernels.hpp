@@ -286,6 +286,11 @@ struct FlashKernels {
   // The most rows a decode kernel call takes (the decode path's row groups): kDecodeMaxRows, or
   // kAmxDecodeMaxRows for the amx set, whose tiles hold 16.
   int decode_max_rows = kDecodeMaxRows;
+  // The decode path's overlap (flash_decode.cpp: a dense block's first row group in pieces, each
+  // prefetching the rows the next phase reads) from this many rows in a group; 0: never. It paid on
+  // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower): docs/performance.md,
+  // sessions 10 and 15.
+  int decode_overlap_rows = 8;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
