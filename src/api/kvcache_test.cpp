@@ -311,10 +311,11 @@ TEST_P(KvCacheTest, VariantsMatchReference) {
 }
 
 // The same keys dense and paged (pages 16 and 256) give the same bits, for 1, 2 and 3 threads; k_new
-// lands in the cache (quantized, with its scale, in an int8 cache).
+// lands in the cache (quantized, with its scale, in an int8 cache). f16 and f32 at T = 4 and 16 take
+// the row groups' once-per-block bf16 copy on avx2 (page by page when paged).
 TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
-  for (const DType dtype : {DType::bf16, DType::i8})
-    for (std::int64_t T : {1, 4, 16}) {
+  for (const auto& [dtype, T] : {std::pair{DType::bf16, std::int64_t{1}}, {DType::bf16, 4}, {DType::bf16, 16},
+                                 {DType::i8, 1}, {DType::i8, 4}, {DType::i8, 16}, {DType::f16, 16}, {DType::f32, 4}}) {
       std::vector<float> first;
       for (std::int64_t page_size : {0, 16, 256})
         for (int threads : {1, 2, 3}) {
@@ -329,18 +330,35 @@ TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
           for (std::int64_t b = 0; b < c.B; ++b)  // the new keys are in the cache
             for (std::int64_t t = 0; t < T; ++t) {
               const std::int64_t j = spec.seqlens[static_cast<std::size_t>(b)] + t;
-              const std::byte* new_row = c.k_new_buf.data() + ((b * 3 + 2) * T + t) * 128 * 2;
+              const std::int64_t es = static_cast<std::int64_t>(dtype_size(c.float_dtype()));
+              const std::byte* new_row = c.k_new_buf.data() + ((b * 3 + 2) * T + t) * 128 * es;
               if (dtype == DType::i8) {
                 std::int8_t q8[128];
                 const float scale = quantize_row(q8, new_row, DType::bf16, 128);
                 ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, j), q8, 128));
                 ASSERT_EQ(scale, *c.scale_at(c.k_scale, b, 2, j));
               } else {
-                ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, j), new_row, 128 * 2));
+                ASSERT_EQ(0, std::memcmp(c.row(c.k, b, 2, j), new_row, static_cast<std::size_t>(128 * es)));
               }
             }
         }
     }
+}
+
+// to's queries (float32) set to from's (bfloat16) values, the same shape.
+void copy_bf16_queries(const CacheCase& from, CacheCase& to) {
+  for (std::int64_t n = 0; n < from.q.numel(); ++n)
+    store_row(to.q_buf.data() + n * 4, DType::f32, std::vector<float>{load_element(from.q_buf.data(), DType::bf16, n)}.data(),
+              1);
+}
+
+// Causal, with a window of 100 keys on every third case i and a softcap of 5 on every fourth.
+Options causal_variant(int i) {
+  Options o;
+  o.causal = true;
+  if (i % 3 == 0) o.window_left = 100;
+  if (i % 4 == 0) o.softcap = 5.0;
+  return o;
 }
 
 // An int8 cache gives the bits of a float32 cache holding the products it stands for, on every path
@@ -365,13 +383,8 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
               for (auto [view, logical] : {std::pair{&c32.k, &c32.logical_k}, std::pair{&c32.v, &c32.logical_v}})
                 store_row(c32.row(*view, b, kh, j), DType::f32,
                           &(*logical)[static_cast<std::size_t>(((b * spec.K + kh) * c32.S_log + j) * H)], H);
-        for (std::int64_t n = 0; n < c8.B * spec.K * spec.G * T * H; ++n)  // the same queries (bf16)
-          store_row(c32.q_buf.data() + n * 4, DType::f32,
-                    std::vector<float>{load_element(c8.q_buf.data(), DType::bf16, n)}.data(), 1);
-        Options o;
-        o.causal = true;
-        if (i % 3 == 0) o.window_left = 100;
-        if (i % 4 == 0) o.softcap = 5.0;
+        copy_bf16_queries(c8, c32);
+        const Options o = causal_variant(i);
         c8.run(o);
         c32.run(o);
         // In the integers form (microkernels.hpp) the decode path computes otherwise: only the bound.
@@ -379,6 +392,38 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
           EXPECT_TRUE(bitwise_equal(c32.out_and_lse(), c8.out_and_lse())) << to_string(spec);
         }
         c8.expect_matches_reference(o, "int8");
+      }
+}
+
+// A float32 cache holding bf16 values gives the bits of the bf16 cache (the operands decide the bits,
+// microkernels.hpp), dense and paged, with row groups (T = 4, 16 at G = 4: the avx2 set's
+// once-per-block bf16 copy of f16/f32 rows), H = 128 and 40 (the kernels' fast and generic paths),
+// windows and softcap.
+TEST_P(KvCacheTest, Float32CacheGivesTheBitsOfItsBf16Values) {
+  int i = 0;
+  for (std::int64_t T : {1, 4, 16})
+    for (std::int64_t page_size : {0, 16, 256})
+      for (std::int64_t H : {128, 40}) {
+        ++i;
+        const CacheSpec spec{2, 4, T, H, {0, 1, 333, 64, 1100}, page_size, DType::bf16, false};
+        CacheCase c16(spec, 60 + static_cast<std::uint64_t>(i));
+        CacheSpec fspec = spec;
+        fspec.dtype = DType::f32;
+        CacheCase c32(fspec, 60 + static_cast<std::uint64_t>(i));
+        std::vector<float> x(static_cast<std::size_t>(H));
+        for (std::int64_t b = 0; b < c16.B; ++b)
+          for (std::int64_t kh = 0; kh < spec.K; ++kh)
+            for (std::int64_t j = 0; j < spec.seqlens[static_cast<std::size_t>(b)]; ++j)
+              for (auto [from, to] : {std::pair{&c16.k, &c32.k}, std::pair{&c16.v, &c32.v}}) {
+                for (std::int64_t h = 0; h < H; ++h)
+                  x[static_cast<std::size_t>(h)] = load_element(c16.row(*from, b, kh, j), DType::bf16, h);
+                store_row(c32.row(*to, b, kh, j), DType::f32, x.data(), H);
+              }
+        copy_bf16_queries(c16, c32);
+        const Options o = causal_variant(i);
+        c16.run(o);
+        c32.run(o);
+        EXPECT_TRUE(bitwise_equal(c16.out_and_lse(), c32.out_and_lse())) << to_string(fspec);
       }
 }
 

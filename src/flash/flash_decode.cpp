@@ -20,7 +20,11 @@
 // decode_max_rows / G positions (kDecodeMaxRows, or 16 on the amx set's tiles), one after another:
 // the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM for the first group and from L2
 // for the others, so K/V still stream once while the kernels stay the small-tile ones. With G*T <=
-// decode_max_rows there is one group.
+// decode_max_rows there is one group. f16 and f32 rows, where the set has decode_rows_to_bf16 (avx2,
+// whose kernels otherwise convert them 32 keys at a time on every call), become bf16 words once per
+// block (K and V, Hp per key, in the workspace: 256 KiB at H = 128), and every group runs on those
+// as bf16 rows: the operands the kernels would form, so the same bits (docs/performance.md, session
+// 15: f16 at T = 16 1.3x faster on Zen 3).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
@@ -61,6 +65,7 @@
 
 
 namespace flashgqa {
+int g_exp_mode = 0; unsigned long long g_ph[8];
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -70,6 +75,7 @@ struct Plan {
   const FlashKernels* kern = nullptr;
   const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
   std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
+  bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
@@ -89,6 +95,12 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
   plan.R = p.G * decode_positions(p, k);
   plan.Hp = round_up(p.H, kHTile);
+  // More than one row group, and rows the set converts: once per block, not once per group.
+  const auto converts = [&](DType d) {
+    return plan.M > plan.R && k.decode_rows_to_bf16 != nullptr && (d == DType::f16 || d == DType::f32);
+  };
+  plan.convert_k = converts(p.k_dtype);
+  plan.convert_v = converts(p.v_dtype);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
@@ -145,8 +157,8 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
 // each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the piece's
 // first key relative to s0, row its first row, ld the elements between its rows, scales its keys'
 // (int8). Pages of fewer than
-// kGatherPagesBelow keys are first copied, as they are, into `gather` and their scales into
-// `gather_scales` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys, and
+// kGatherPagesBelow keys are first copied, as they are, into `gather` (when it is not null) and their
+// scales into `gather_scales` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys, and
 // per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same rows
 // in the same order, so the same bits.
 template <typename F>
@@ -163,7 +175,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
   const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
-  const bool gathered = pages->page_size < kGatherPagesBelow;
+  const bool gathered = gather != nullptr && pages->page_size < kGatherPagesBelow;
   auto row_at = [&](std::int64_t s) {
     return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
                 : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
@@ -182,6 +194,9 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
     if (gathered && ahead < s0 + n) {
       const char* next = row_at(ahead);
+      if (g_exp_mode >= 80 && g_exp_mode < 100) {
+        for (int l = 0; l < g_exp_mode - 80; ++l) __builtin_prefetch(next + 64 * l, 0, 2);
+      } else
       for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
         prefetch_row(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)), row_bytes);
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
@@ -205,13 +220,15 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
 
 // Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, k_bf16, v_bf16;
   std::int64_t ld = 0;  // of S and P, in elements
   explicit Workspace(const std::vector<Plan>& plans) {
-    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0, gather_keys = 0;
+    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
     for (const Plan& plan : plans) {
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
       ld = std::max(ld, padded_keys(plan.work.bkv));
+      if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
+      if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
       if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow)  // a block of f32 rows at most
         gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
         gather_keys = std::max(gather_keys, plan.work.bkv);
@@ -220,6 +237,8 @@ struct Workspace {
       gather.reset(static_cast<std::size_t>(gather_bytes));
       gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
     }
+    if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
+    if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
     q.reset(static_cast<std::size_t>(M * Hp * 2));
     o.reset(static_cast<std::size_t>(M * Hp * 4));
     for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
@@ -245,14 +264,19 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // Overlap: the first group of a dense block, with enough rows (see the top of the file).
   const bool overlap = plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
   const std::int64_t piece = overlap ? kOverlapKeys : 0;
-  // S = scale Q K^T over the first keys_seen keys (page by page when paged).
-  for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
-                 w.gather_scales.as<float>(),
-                 [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
-                   if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
-                   kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
-                                        static_cast<int>(R), ks.scale, ks.ld});
-                 });
+  // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
+  // converted).
+  if (plan.convert_k)
+    kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, w.k_bf16.data(), DType::bf16, Hp, keys_seen, p.H, Hp, p.scale,
+                         static_cast<int>(R)});
+  else
+    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+                   w.gather_scales.as<float>(),
+                   [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
+                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
+                     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
+                                          static_cast<int>(R), ks.scale, ks.ld});
+                   });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
@@ -261,14 +285,29 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                                         w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
   // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
-  for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
-                 w.gather_scales.as<float>(),
-                 [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
-                   const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
-                   if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
-                   kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
-                                        round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
-                                        static_cast<int>(R), vs.scale, vs.ld});
+  if (plan.convert_v)
+    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>(), w.ld, w.v_bf16.data(), DType::bf16, Hp, keys_seen,
+                         round_up(keys_seen, 2), p.H, Hp, moved ? corr : nullptr, static_cast<int>(R)});
+  else
+    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+                   w.gather_scales.as<float>(),
+                   [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
+                     const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
+                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
+                     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
+                                          round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
+                                          static_cast<int>(R), vs.scale, vs.ld});
+                   });
+}
+
+// Keys [s0, s0 + n) of the task's K (is_k) or V rows as bf16 words at dst, Hp per key (page by page,
+// without a gather copy).
+void rows_to_bf16(const Problem& p, const Plan& plan, const FlashTask& task, bool is_k, std::int64_t s0,
+                  std::int64_t n, std::uint16_t* dst) {
+  for_each_piece(p, plan.pages, is_k, task.b, task.kh, s0, n, 0, nullptr, nullptr,
+                 [&](std::int64_t j0, const void* rows, std::int64_t len, std::int64_t ld, PieceScales) {
+                   plan.kern->decode_rows_to_bf16(dst + j0 * plan.Hp, plan.Hp, rows, is_k ? p.k_dtype : p.v_dtype,
+                                                  ld, len, p.H);
                  });
 }
 
@@ -298,6 +337,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
       lo[r] = static_cast<std::int32_t>(keys.begin);
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
+    // f16/f32 rows as bf16 once for all the row groups: the keys some row sees (the last row's).
+    if (plan.convert_k) rows_to_bf16(p, plan, task, true, s0, hi[M - 1], w.k_bf16.as<std::uint16_t>());
+    if (plan.convert_v) rows_to_bf16(p, plan, task, false, s0, hi[M - 1], w.v_bf16.as<std::uint16_t>());
     // The row groups one after another on the same block, which stays in L2 after the first.
     for (std::int64_t r0 = 0; r0 < M; r0 += plan.R) run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0));
   }

@@ -92,22 +92,23 @@ inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
   return (dtype == DType::f16 || dtype == DType::f32) && H == Hp && (H == 64 || H == 128 || H == 256);
 }
 
-// Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each, a multiple of 16) as bf16
-// words at dst, H per row: load16_bf16's words (its dtype a constant here, so its branches fold).
+// Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each) as bf16 words at dst, ldd
+// per row (a multiple of 16, >= H; zero in [H, ldd); dst 32-byte aligned): load16_bf16's words (its
+// dtype a constant here, so its branches fold).
 template <DType kDtype>
-inline void rows_to_bf16(std::uint16_t* dst, const void* src, std::int64_t ld, std::int64_t j0, std::int64_t n,
-                         std::int64_t H) {
+inline void rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, std::int64_t ld, std::int64_t j0,
+                         std::int64_t n, std::int64_t H) {
   for (std::int64_t j = 0; j < n; ++j) {
     const char* row = static_cast<const char*>(src) + (j0 + j) * ld * elem_bytes(kDtype);
-    for (std::int64_t h = 0; h < H; h += kChunk)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + j * H + h), load16_bf16(row, kDtype, h, H, 1.0f));
+    for (std::int64_t h = 0; h < ldd; h += kChunk)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + j * ldd + h), load16_bf16(row, kDtype, h, H, 1.0f));
   }
 }
 
-inline void rows_to_bf16(std::uint16_t* dst, const void* src, DType dtype, std::int64_t ld, std::int64_t j0,
-                         std::int64_t n, std::int64_t H) {
-  if (dtype == DType::f16) rows_to_bf16<DType::f16>(dst, src, ld, j0, n, H);
-  else rows_to_bf16<DType::f32>(dst, src, ld, j0, n, H);
+inline void rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                         std::int64_t j0, std::int64_t n, std::int64_t H) {
+  if (dtype == DType::f16) rows_to_bf16<DType::f16>(dst, ldd, src, ld, j0, n, H);
+  else rows_to_bf16<DType::f32>(dst, ldd, src, ld, j0, n, H);
 }
 
 // Any dtype and H: load16_bf16's operands (zero past H), split.

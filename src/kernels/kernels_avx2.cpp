@@ -359,6 +359,7 @@ const FlashKernels& avx2_decode_kernels() {
                               .pack_v = nullptr,
                               .decode_qk_rows = avx2_decode_qk_rows,
                               .decode_pv_rows = avx2_decode_pv_rows,
+                              .decode_rows_to_bf16 = avx2_decode_rows_to_bf16,
                               .softmax_grad_pack = nullptr,
                               .int8_on_integers = true,
                               .decode_overlap_rows = 0};

@@ -190,7 +190,7 @@ void pv_rows_converted(const DecodePv& t) {
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kConvertKeys) {
     const std::int64_t nkeys = t.nkeys - j0 < kConvertKeys ? t.nkeys - j0 : kConvertKeys;
     const std::int64_t n = keys_in(read - j0, static_cast<int>(nkeys));
-    rows_to_bf16(rows, t.v, t.v_dtype, t.ldv, j0, n, t.H);
+    rows_to_bf16(rows, t.H, t.v, t.v_dtype, t.ldv, j0, n, t.H);
     DecodePv piece = t;
     piece.p = static_cast<const std::uint16_t*>(t.p) + j0;
     piece.v = rows;
@@ -332,6 +332,12 @@ void avx2_decode_pv_rows(const DecodePv& t) {
   if (t.v_dtype == DType::i8)
     return with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_i16<decltype(r)::value>(t); });
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_any<decltype(r)::value>(t); });
+}
+
+// The words both kernels form for f16 and f32 rows (qk_rows_converted, pv_rows_converted), for any H.
+void avx2_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                              std::int64_t n, std::int64_t H) {
+  rows_to_bf16(dst, ldd, src, dtype, ld, 0, n, H);
 }
 
 }  // namespace flashgqa

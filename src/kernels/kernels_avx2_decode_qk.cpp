@@ -323,7 +323,7 @@ void qk_rows_converted(const DecodeQk& t, const Q& q) {
   alignas(32) std::uint16_t rows[kConvertKeys * kConvertMaxH];
   for (std::int64_t j0 = 0; j0 < t.n; j0 += kConvertKeys) {
     const std::int64_t n = t.n - j0 < kConvertKeys ? t.n - j0 : kConvertKeys;
-    rows_to_bf16(rows, t.k, t.k_dtype, t.ldk, j0, n, t.H);
+    rows_to_bf16(rows, t.H, t.k, t.k_dtype, t.ldk, j0, n, t.H);
     DecodeQk piece = t;
     piece.s = t.s + j0;
     piece.k = rows;

@@ -280,6 +280,14 @@ struct FlashKernels {
   void (*pack_v)(void* dst, const PackSource& src);
   void (*decode_qk_rows)(const DecodeQk& t) = nullptr;  // optional (bf16-pair family)
   void (*decode_pv_rows)(const DecodePv& t) = nullptr;
+  // Optional, with the decode kernels: rows 0..n of src (f16 or f32, ld elements between rows, H values
+  // each) as bf16 words at dst, ldd per row (a multiple of 16, >= H; zero in [H, ldd); dst 32-byte
+  // aligned): round_to_bf16's words, the operands the decode kernels form from those rows, so a call on
+  // dst as bf16 rows gives the bits of the call on src. The decode path converts a block once with it
+  // when it has row groups (flash_decode.cpp); a set whose kernels form the operands cheaply leaves it
+  // null.
+  void (*decode_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                              std::int64_t n, std::int64_t H) = nullptr;
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
   // The decode kernels take int8 K/V in the integers form (see the decode contract above).
   bool int8_on_integers = false;
@@ -332,6 +340,8 @@ void avx512f_decode_pv_rows(const DecodePv& t);
 const FlashKernels& avx2_decode_kernels();
 void avx2_decode_qk_rows(const DecodeQk& t);
 void avx2_decode_pv_rows(const DecodePv& t);
+void avx2_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                              std::int64_t n, std::int64_t H);
 // The avx512bf16 set's decode kernels (kernels_avx512bf16_decode_qk.cpp, kernels_avx512bf16_decode_pv.cpp):
 // vdpbf16ps, and (_fma_) two fp32 FMAs per pair, the same bits above 2^-126 where vdpbf16ps rounds
 // each of its two steps (Intel's definition). decode_kernels_for() gives the _fma_ ones where
