@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/avx2_helpers.hpp"
 #include "kernels/microkernels.hpp"
@@ -81,6 +82,23 @@ inline __m256i load16_i8(const char* x, std::int64_t left) {
   return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
 }
 
+// The fast paths' widths, H = Hp = 16 HC with HC a constant: for Hp = 64, 128 or 256,
+// with_fast_width(Hp, fn) calls fn(std::integral_constant<int, HC>{}) and returns true; otherwise it
+// returns false and calls nothing. The one list of them.
+template <typename Fn>
+inline bool with_fast_width(std::int64_t Hp, Fn&& fn) {
+  switch (Hp) {
+    case 64: fn(std::integral_constant<int, 4>{}); return true;
+    case 128: fn(std::integral_constant<int, 8>{}); return true;
+    case 256: fn(std::integral_constant<int, 16>{}); return true;
+    default: return false;
+  }
+}
+
+inline bool fast_width(std::int64_t H, std::int64_t Hp) {
+  return H == Hp && with_fast_width(Hp, [](auto) {});
+}
+
 // f16 and f32 rows take the bf16 fast paths through an L1 buffer: kConvertKeys rows at a time become
 // the bf16 words load16_bf16 forms (bf16_words: round_bf16, nearest even), and the bf16 kernels run on
 // them, so the bits are those of the generic path, which forms the same operands chunk by chunk (and
@@ -89,7 +107,7 @@ constexpr std::int64_t kConvertKeys = 32;
 constexpr std::int64_t kConvertMaxH = 256;
 
 inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
-  return (dtype == DType::f16 || dtype == DType::f32) && H == Hp && (H == 64 || H == 128 || H == 256);
+  return (dtype == DType::f16 || dtype == DType::f32) && fast_width(H, Hp);
 }
 
 // Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each) as bf16 words at dst, ldd

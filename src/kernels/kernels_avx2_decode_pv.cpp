@@ -174,10 +174,8 @@ template <int R>
 void pv_rows_bf16(const DecodePv& t) {
   const bool fast = t.v_dtype == DType::bf16 && t.H == t.Hp;
   const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
-  if (fast && t.Hp == 64) pv_rows_fast<R, 4>(t, v);
-  else if (fast && t.Hp == 128) pv_rows_fast<R, 8>(t, v);
-  else if (fast && t.Hp == 256) pv_rows_fast<R, 16>(t, v);
-  else pv_rows<R>(t, 0);
+  if (!(fast && with_fast_width(t.Hp, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
+    pv_rows<R>(t, 0);
 }
 
 // f16 and f32 rows (converts_rows): kConvertKeys keys at a time as bf16 words, then the bf16 path.

@@ -188,15 +188,9 @@ void qk_rows_fast_any(const DecodeQk& t, const Q& q) {
 
 template <int R, typename Q>
 void qk_rows_any(const DecodeQk& t, const Q& q) {
-  if ((t.k_dtype == DType::bf16 || t.k_dtype == DType::i8) && t.H == t.Hp) {
-    switch (t.Hp) {
-      case 64: return qk_rows_fast_any<R, 4>(t, q);
-      case 128: return qk_rows_fast_any<R, 8>(t, q);
-      case 256: return qk_rows_fast_any<R, 16>(t, q);
-      default: break;
-    }
-  }
-  qk_rows<R>(t, q, 0);
+  const bool fast = (t.k_dtype == DType::bf16 || t.k_dtype == DType::i8) && t.H == t.Hp;
+  if (!(fast && with_fast_width(t.Hp, [&](auto hc) { qk_rows_fast_any<R, decltype(hc)::value>(t, q); })))
+    qk_rows<R>(t, q, 0);
 }
 
 // int8 K in the integers form (contract in microkernels.hpp): each Q row quantized once per call to
@@ -308,10 +302,8 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   const bool fast = t.H == t.Hp;
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
     constexpr int R = decltype(r)::value;
-    if (fast && t.Hp == 64) qk_rows_i8<R, 4>(t, qi, factor);
-    else if (fast && t.Hp == 128) qk_rows_i8<R, 8>(t, qi, factor);
-    else if (fast && t.Hp == 256) qk_rows_i8<R, 16>(t, qi, factor);
-    else qk_rows_i8<R, 0>(t, qi, factor);
+    if (!(fast && with_fast_width(t.Hp, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); })))
+      qk_rows_i8<R, 0>(t, qi, factor);
   });
   return true;
 }
