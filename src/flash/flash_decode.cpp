@@ -40,11 +40,11 @@
 //
 // Overlap (dense K/V, groups of the set's decode_overlap_rows rows or more, the first group of a block:
 // the one that reads K/V from DRAM): there the kernels' work per key is as long as its bytes' time, and
-// the hardware prefetchers alone left the two one after the other (T = 2 at G = 4 took the T = 1 time plus its
-// in-cache compute). So the calls go in pieces of kOverlapKeys keys, each preceded by an L2 prefetch of
-// the rows the next phase reads: QK's piece of K with the same keys' V rows, PV's piece of V with the
-// next block's K rows. Pieces start at multiples of kOverlapKeys keys, so the bits are those of one
-// call (as with pages). Measured on Zen 4: T = 2 1.33x, T = 4 1.2x, T = 16 1.06x faster; G*T = 4
+// the hardware prefetchers alone left the two one after the other (T = 2 at G = 4 took the T = 1 time
+// plus its in-cache compute). So the calls go in pieces of kOverlapKeys keys, each preceded by an L2
+// prefetch of the rows the next phase reads: QK's piece of K with the same keys' V rows, PV's piece of
+// V with the next block's K rows. Pieces start at multiples of kOverlapKeys keys, so the bits are those
+// of one call (as with pages). Measured on Zen 4: T = 2 1.33x, T = 4 1.2x, T = 16 1.06x faster; G*T = 4
 // rows (T = 1 at G = 4, bound by the stream) 1.16x slower with it, hence the row threshold
 // (docs/performance.md, session 10). On Zen 3 (the avx2 set, whose decode_overlap_rows is 0) the
 // prefetches cost more than they hid: T = 2 1.2x, T = 4 1.1x slower with them (session 15).
@@ -65,7 +65,6 @@
 
 
 namespace flashgqa {
-int g_exp_mode = 0; unsigned long long g_ph[8];
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -194,9 +193,6 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
     if (gathered && ahead < s0 + n) {
       const char* next = row_at(ahead);
-      if (g_exp_mode >= 80 && g_exp_mode < 100) {
-        for (int l = 0; l < g_exp_mode - 80; ++l) __builtin_prefetch(next + 64 * l, 0, 2);
-      } else
       for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
         prefetch_row(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)), row_bytes);
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
@@ -262,7 +258,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
   // Overlap: the first group of a dense block, with enough rows (see the top of the file).
-  const bool overlap = plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
+  const bool overlap =
+      plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
   const std::int64_t piece = overlap ? kOverlapKeys : 0;
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
