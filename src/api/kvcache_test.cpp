@@ -311,8 +311,8 @@ TEST_P(KvCacheTest, VariantsMatchReference) {
 }
 
 // The same keys dense and paged (pages 16 and 256) give the same bits, for 1, 2 and 3 threads; k_new
-// lands in the cache (quantized, with its scale, in an int8 cache). f16 and f32 at T = 4 and 16 take
-// the row groups' once-per-block bf16 copy on avx2 (page by page when paged).
+// lands in the cache (quantized, with its scale, in an int8 cache). f16 at T = 16 and f32 at T = 4
+// take the row groups' once-per-block bf16 copy on avx2 (page by page when paged).
 TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
   for (const auto& [dtype, T] : {std::pair{DType::bf16, std::int64_t{1}}, {DType::bf16, 4}, {DType::bf16, 16},
                                  {DType::i8, 1}, {DType::i8, 4}, {DType::i8, 16}, {DType::f16, 16}, {DType::f32, 4}}) {
@@ -345,11 +345,13 @@ TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
     }
 }
 
-// to's queries (float32) set to from's (bfloat16) values, the same shape.
-void copy_bf16_queries(const CacheCase& from, CacheCase& to) {
-  for (std::int64_t n = 0; n < from.q.numel(); ++n)
-    store_row(to.q_buf.data() + n * 4, DType::f32, std::vector<float>{load_element(from.q_buf.data(), DType::bf16, n)}.data(),
-              1);
+// to's queries set to from's values (the same shape), stored in to's dtype (rounded to nearest even).
+void copy_queries(const CacheCase& from, CacheCase& to) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(to.q.dtype));
+  for (std::int64_t n = 0; n < from.q.numel(); ++n) {
+    const float x = load_element(from.q_buf.data(), from.q.dtype, n);
+    store_row(to.q_buf.data() + n * es, to.q.dtype, &x, 1);
+  }
 }
 
 // Causal, with a window of 100 keys on every third case i and a softcap of 5 on every fourth.
@@ -383,7 +385,7 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
               for (auto [view, logical] : {std::pair{&c32.k, &c32.logical_k}, std::pair{&c32.v, &c32.logical_v}})
                 store_row(c32.row(*view, b, kh, j), DType::f32,
                           &(*logical)[static_cast<std::size_t>(((b * spec.K + kh) * c32.S_log + j) * H)], H);
-        copy_bf16_queries(c8, c32);
+        copy_queries(c8, c32);
         const Options o = causal_variant(i);
         c8.run(o);
         c32.run(o);
@@ -395,36 +397,37 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
       }
 }
 
-// A float32 cache holding bf16 values gives the bits of the bf16 cache (the operands decide the bits,
-// microkernels.hpp), dense and paged, with row groups (T = 4, 16 at G = 4: the avx2 set's
-// once-per-block bf16 copy of f16/f32 rows), H = 128 and 40 (the kernels' fast and generic paths),
-// windows and softcap.
-TEST_P(KvCacheTest, Float32CacheGivesTheBitsOfItsBf16Values) {
+// A float32 or float16 cache gives the bits of a bf16 cache holding its values rounded to bf16 (the
+// operands decide the bits, microkernels.hpp; the queries likewise), dense and paged, with row groups
+// (T = 4, 16 at G = 4: the avx2 set's once-per-block bf16 copy of f16/f32 rows), H = 128 and 40 (the
+// kernels' fast and generic paths), windows and softcap.
+TEST_P(KvCacheTest, FloatCachesGiveTheBitsOfTheirBf16Operands) {
   int i = 0;
-  for (std::int64_t T : {1, 4, 16})
-    for (std::int64_t page_size : {0, 16, 256})
-      for (std::int64_t H : {128, 40}) {
-        ++i;
-        const CacheSpec spec{2, 4, T, H, {0, 1, 333, 64, 1100}, page_size, DType::bf16, false};
-        CacheCase c16(spec, 60 + static_cast<std::uint64_t>(i));
-        CacheSpec fspec = spec;
-        fspec.dtype = DType::f32;
-        CacheCase c32(fspec, 60 + static_cast<std::uint64_t>(i));
-        std::vector<float> x(static_cast<std::size_t>(H));
-        for (std::int64_t b = 0; b < c16.B; ++b)
-          for (std::int64_t kh = 0; kh < spec.K; ++kh)
-            for (std::int64_t j = 0; j < spec.seqlens[static_cast<std::size_t>(b)]; ++j)
-              for (auto [from, to] : {std::pair{&c16.k, &c32.k}, std::pair{&c16.v, &c32.v}}) {
-                for (std::int64_t h = 0; h < H; ++h)
-                  x[static_cast<std::size_t>(h)] = load_element(c16.row(*from, b, kh, j), DType::bf16, h);
-                store_row(c32.row(*to, b, kh, j), DType::f32, x.data(), H);
-              }
-        copy_bf16_queries(c16, c32);
-        const Options o = causal_variant(i);
-        c16.run(o);
-        c32.run(o);
-        EXPECT_TRUE(bitwise_equal(c16.out_and_lse(), c32.out_and_lse())) << to_string(fspec);
-      }
+  for (DType dtype : {DType::f32, DType::f16})
+    for (std::int64_t T : {1, 4, 16})
+      for (std::int64_t page_size : {0, 16, 256})
+        for (std::int64_t H : {128, 40}) {
+          ++i;
+          const CacheSpec spec{2, 4, T, H, {0, 1, 333, 64, 1100}, page_size, dtype, false};
+          CacheCase c(spec, 60 + static_cast<std::uint64_t>(i));
+          CacheSpec bf_spec = spec;
+          bf_spec.dtype = DType::bf16;
+          CacheCase bf(bf_spec, 60 + static_cast<std::uint64_t>(i));
+          std::vector<float> x(static_cast<std::size_t>(H));
+          for (std::int64_t b = 0; b < c.B; ++b)
+            for (std::int64_t kh = 0; kh < spec.K; ++kh)
+              for (std::int64_t j = 0; j < spec.seqlens[static_cast<std::size_t>(b)]; ++j)
+                for (auto [from, to] : {std::pair{&c.k, &bf.k}, std::pair{&c.v, &bf.v}}) {
+                  for (std::int64_t h = 0; h < H; ++h)
+                    x[static_cast<std::size_t>(h)] = load_element(c.row(*from, b, kh, j), dtype, h);
+                  store_row(bf.row(*to, b, kh, j), DType::bf16, x.data(), H);  // nearest even
+                }
+          copy_queries(c, bf);
+          const Options o = causal_variant(i);
+          c.run(o);
+          bf.run(o);
+          EXPECT_TRUE(bitwise_equal(bf.out_and_lse(), c.out_and_lse())) << to_string(spec);
+        }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, KvCacheTest, ::testing::ValuesIn(testing::kAllIsas), testing::isa_test_name);

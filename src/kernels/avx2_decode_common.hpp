@@ -103,6 +103,8 @@ inline bool fast_width(std::int64_t H, std::int64_t Hp) {
 // the bf16 words load16_bf16 forms (bf16_words: round_bf16, nearest even), and the bf16 kernels run on
 // them, so the bits are those of the generic path, which forms the same operands chunk by chunk (and
 // ran 4x slower than bf16 in L1 on Zen 3). Widths of the fast paths only (H = Hp = 64, 128, 256).
+// With row groups the decode path converts each block once instead, into its workspace, through
+// avx2_decode_rows_to_bf16 (the same rows_to_bf16, any H), and calls the kernels on bf16 rows.
 constexpr std::int64_t kConvertKeys = 32;
 constexpr std::int64_t kConvertMaxH = 256;
 
