@@ -82,13 +82,15 @@ inline __m256i load16_i8(const char* x, std::int64_t left) {
   return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
 }
 
-// The fast paths' widths, H = Hp = 16 HC with HC a constant: for Hp = 64, 128 or 256,
+// The fast paths' widths, H = Hp = 16 HC with HC a constant: for Hp = 64, 96, 128 or 256,
 // with_fast_width(Hp, fn) calls fn(std::integral_constant<int, HC>{}) and returns true; otherwise it
-// returns false and calls nothing. The one list of them.
+// returns false and calls nothing. The one list of them. (96, as Phi-3 and GPT-NeoX use: on the generic
+// path T = 16 took 3x the time of the fast one on Zen 3, docs/performance.md, session 16.)
 template <typename Fn>
 inline bool with_fast_width(std::int64_t Hp, Fn&& fn) {
   switch (Hp) {
     case 64: fn(std::integral_constant<int, 4>{}); return true;
+    case 96: fn(std::integral_constant<int, 6>{}); return true;
     case 128: fn(std::integral_constant<int, 8>{}); return true;
     case 256: fn(std::integral_constant<int, 16>{}); return true;
     default: return false;
@@ -102,7 +104,7 @@ inline bool fast_width(std::int64_t H, std::int64_t Hp) {
 // f16 and f32 rows take the bf16 fast paths through an L1 buffer: kConvertKeys rows at a time become
 // the bf16 words load16_bf16 forms (bf16_words: round_bf16, nearest even), and the bf16 kernels run on
 // them, so the bits are those of the generic path, which forms the same operands chunk by chunk (and
-// ran 4x slower than bf16 in L1 on Zen 3). Widths of the fast paths only (H = Hp = 64, 128, 256).
+// ran 4x slower than bf16 in L1 on Zen 3). Widths of the fast paths only (with_fast_width).
 // With row groups the decode path converts each block once instead, into its workspace, through
 // avx2_decode_rows_to_bf16 (the same rows_to_bf16, any H), and calls the kernels on bf16 rows.
 constexpr std::int64_t kConvertKeys = 32;

@@ -33,8 +33,8 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
 // 40: a partial chunk; 48: whole 16-value chunks but Hp = 64 (avx2's last chunk past the row); 64, 128,
-// 256: the fast paths; 96: three 32-column chunks (amx tiles); 288: Hp past the FMA kernels' split Q
-// rows and the amx tiles.
+// 256: the fast paths; 96: three 32-column chunks (amx tiles; a fast path on avx2); 288: Hp past the FMA
+// kernels' split Q rows and the amx tiles.
 constexpr int kHs[] = {40, 48, 64, 96, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
@@ -416,6 +416,61 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
         }
 }
 
+// The avx2 set's fast paths (whole groups of keys at the widths with_fast_width lists, every size a
+// constant) give its generic path's bits: each logit of one call over n keys against calls of one key
+// each (no whole group of 8, so the generic path), and O after one call against calls of two keys
+// each (no whole 16, the generic path again; corr with the first), which the paged path relies on as
+// well (a logit is its own key's; each O element takes its keys one by one in increasing order). For
+// every H of kHs (64, 96, 128, 256 fast), bf16, f16, f32 and int8 rows (int8's P.V, quantized per 16
+// keys of a call, only Q.K), every row count.
+TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {
+  if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2 here";
+  const FlashKernels& k = avx2_decode_kernels();
+  const auto bits = [](const float* x, std::int64_t n) {
+    std::vector<std::uint32_t> b(static_cast<std::size_t>(n));
+    std::memcpy(b.data(), x, b.size() * 4);
+    return b;
+  };
+  std::mt19937 rng(20);
+  constexpr std::int64_t n = 48;
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32, DType::i8})
+    for (std::int64_t H : kHs)
+      for (int rows = 1; rows <= k.decode_max_rows; ++rows) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " H " + std::to_string(H) + " rows " + std::to_string(rows));
+        const std::int64_t Hp = round_up(H, kHTile), lds = n + 16;
+        const Rows r = make_rows(dtype, n, n, H, rng);
+        const auto row = [&](std::int64_t j) {
+          return static_cast<const char*>(r.data()) + j * r.ld * static_cast<std::int64_t>(dtype_size(dtype));
+        };
+        const float* scales = r.scales();
+        const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * Rows::kLdScale : nullptr; };
+        const QRows q = make_q(rows, H, Hp, rng);
+        const std::vector<float> s = run_qk(k, q, r, rows, n, H, Hp, 0.125f, lds);
+        AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
+        for (std::int64_t j = 0; j < n; ++j) {
+          k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp, 0.125f,
+                            rows, scale_of(j), Rows::kLdScale});
+          for (int i = 0; i < rows; ++i)
+            ASSERT_EQ(bits(one.as<float>() + i * 16, 1), bits(s.data() + i * lds + j, 1)) << "Q.K, row " << i << " key " << j;
+        }
+        if (dtype == DType::i8) continue;
+        const PvCase c{rows, n, n, H, Hp, n + 32, Hp + 32, true};
+        const std::vector<std::uint16_t> p = make_p(c, rng);
+        std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+        std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows), 0.75f);
+        for (int i = 0; i < rows; ++i)
+          for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(i * c.ldo + h)] = val(rng);
+        const std::vector<float> o = run_pv(k, c, p, o0, corr, r);
+        AlignedBuffer pieces(o0.size() * 4), pb(p.size() * 2);
+        std::copy(o0.begin(), o0.end(), pieces.as<float>());
+        std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
+        for (std::int64_t j = 0; j < n; j += 2)
+          k.decode_pv_rows({pieces.as<float>(), c.ldo, pb.as<std::uint16_t>() + j, c.ldp, row(j), dtype, r.ld, 2, 2, H, Hp,
+                            j == 0 ? corr.data() : nullptr, rows});
+        ASSERT_EQ(bits(pieces.as<float>(), rows * c.ldo), bits(o.data(), rows * c.ldo)) << "P.V";
+      }
+}
+
 // The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
 // set's vpmaddwd kernels and the avx512bf16 set's vpdpwssd ones give the same S and O, H <= 256 (wider
 // Q.K rows take the products form, whose sums each set orders its own way).
@@ -425,7 +480,7 @@ TEST(DecodeKernels, IntegersFormIsTheSameOnAvx2AndVnni) {
   const FlashKernels& b = avx512bf16_kernels();
   ASSERT_TRUE(a.int8_on_integers && b.int8_on_integers);
   std::mt19937 rng(19);
-  for (std::int64_t H : {40, 48, 64, 128, 256})
+  for (std::int64_t H : {40, 48, 64, 96, 128, 256})
     for (std::int64_t n : {1, 17, 64, 333})
       for (int rows : {1, 3, 4, 8}) {
         SCOPED_TRACE("H " + std::to_string(H) + " n " + std::to_string(n) + " rows " + std::to_string(rows));

@@ -5,7 +5,7 @@
 //     in blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8
 //     accumulators, loaded from O and stored back once per group and pass), and per key each row's
 //     weight, broadcast, multiplies the key's V chunk into the row's accumulators: each O element
-//     takes its keys one by one in increasing j. The fast path (bf16 rows, H = 64, 128, 256, groups
+//     takes its keys one by one in increasing j. The fast path (bf16 rows, H = 64, 96, 128, 256, groups
 //     of 8 KiB of V whose keys are all present, the last any multiple of 16 keys) has every size a
 //     constant and first touches the group's rows line by line in address order (one load per line),
 //     so the passes, which read the rows strided, find them in L1: without it the hardware
@@ -156,7 +156,8 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 // order as the generic path, so the same bits.
 template <int R, int HC>
 void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
-  constexpr std::int64_t kGroup = kPvFastGroupBytes / (2 * kChunk * HC);
+  // Whole vectors of 8 weights per group (40 keys at H = 96).
+  constexpr std::int64_t kGroup = kPvFastGroupBytes / (2 * kChunk * HC) / 8 * 8;
   static_assert(kGroup <= kPvMaxGroup && kGroup % 2 == 0);
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
