@@ -225,7 +225,8 @@ struct Workspace {
       ld = std::max(ld, padded_keys(plan.work.bkv));
       if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
       if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
-      if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow)  // a block of f32 rows at most
+      // A block of f32 rows at most; none where both K and V are converted (never gathered).
+      if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow && !(plan.convert_k && plan.convert_v))
         gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
         gather_keys = std::max(gather_keys, plan.work.bkv);
     }
@@ -261,18 +262,21 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const bool overlap =
       plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
   const std::int64_t piece = overlap ? kOverlapKeys : 0;
+  // One kernel call on keys [j0, j0 + len) of the block, their rows at k (ldk apart).
+  const auto qk = [&](std::int64_t j0, const void* k, DType dtype, std::int64_t len, std::int64_t ldk, PieceScales ks) {
+    kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, dtype, ldk, len, p.H, Hp, p.scale, static_cast<int>(R),
+                         ks.scale, ks.ld});
+  };
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
   if (plan.convert_k)
-    kern.decode_qk_rows({w.s.as<float>(), w.ld, q, Hp, w.k_bf16.data(), DType::bf16, Hp, keys_seen, p.H, Hp, p.scale,
-                         static_cast<int>(R)});
+    qk(0, w.k_bf16.data(), DType::bf16, keys_seen, Hp, {});
   else
     for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
                    w.gather_scales.as<float>(),
                    [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
                      if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
-                     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, p.k_dtype, ldk, len, p.H, Hp, p.scale,
-                                          static_cast<int>(R), ks.scale, ks.ld});
+                     qk(j0, k, p.k_dtype, len, ldk, ks);
                    });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
@@ -281,19 +285,21 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, w.m.as<float>() + r0,
                                         w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
-  // O = O corr + P V (the rescale only when some row's max moved; by the first piece).
+  // O = O corr + P V on keys [j0, j0 + len), rows at v (the rescale only when some row's max moved, by
+  // the first call).
+  const auto pv = [&](std::int64_t j0, const void* v, DType dtype, std::int64_t len, std::int64_t ldv, PieceScales vs) {
+    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, dtype, ldv, len, round_up(len, 2), p.H, Hp,
+                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld});
+  };
   if (plan.convert_v)
-    kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>(), w.ld, w.v_bf16.data(), DType::bf16, Hp, keys_seen,
-                         round_up(keys_seen, 2), p.H, Hp, moved ? corr : nullptr, static_cast<int>(R)});
+    pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {});
   else
     for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
                    w.gather_scales.as<float>(),
                    [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
                      const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
                      if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
-                     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, p.v_dtype, ldv, len,
-                                          round_up(len, 2), p.H, Hp, moved && j0 == 0 ? corr : nullptr,
-                                          static_cast<int>(R), vs.scale, vs.ld});
+                     pv(j0, v, p.v_dtype, len, ldv, vs);
                    });
 }
 
