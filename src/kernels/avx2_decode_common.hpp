@@ -82,36 +82,44 @@ inline __m256i load16_i8(const char* x, std::int64_t left) {
   return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
 }
 
-// The fast paths' widths, H = Hp = 16 HC with HC a constant: for Hp = 64, 96, 128 or 256,
-// with_fast_width(Hp, fn) calls fn(std::integral_constant<int, HC>{}) and returns true; otherwise it
-// returns false and calls nothing. The one list of them. (96, as Phi-3 and GPT-NeoX use: on the generic
-// path T = 16 took 3x the time of the fast one on Zen 3, docs/performance.md, session 16.)
+// The fast paths take rows of whole chunks: H a multiple of 16 (<= Hp; Q is zero past H, so the chunks
+// past it add nothing), HC = H / 16 of them. with_whole_chunks(H, fn) calls
+// fn(std::integral_constant<int, HC>{}) for the widths whose chunk loop is unrolled (H = 64, 96, 128,
+// 256: every size a constant), fn(std::integral_constant<int, 0>{}) for the other multiples of 16 (the
+// count at run time, chunks_of), and returns false, calling nothing, for an H that is not one. The one
+// list of them. (On the generic path, which converts and masks chunk by chunk, T = 16 took 3x the time
+// at H = 96 on Zen 3: docs/performance.md, session 16.)
 template <typename Fn>
-inline bool with_fast_width(std::int64_t Hp, Fn&& fn) {
-  switch (Hp) {
+inline bool with_whole_chunks(std::int64_t H, Fn&& fn) {
+  switch (H) {
     case 64: fn(std::integral_constant<int, 4>{}); return true;
     case 96: fn(std::integral_constant<int, 6>{}); return true;
     case 128: fn(std::integral_constant<int, 8>{}); return true;
     case 256: fn(std::integral_constant<int, 16>{}); return true;
-    default: return false;
+    default:
+      if (H <= 0 || H % kChunk != 0) return false;
+      fn(std::integral_constant<int, 0>{});
+      return true;
   }
 }
 
-inline bool fast_width(std::int64_t H, std::int64_t Hp) {
-  return H == Hp && with_fast_width(Hp, [](auto) {});
+// The chunks of a row on a fast path: HC, or H / 16 where HC is 0.
+template <int HC>
+inline int chunks_of(std::int64_t H) {
+  return HC > 0 ? HC : static_cast<int>(H / kChunk);
 }
 
 // f16 and f32 rows take the bf16 fast paths through an L1 buffer: kConvertKeys rows at a time become
 // the bf16 words load16_bf16 forms (bf16_words: round_bf16, nearest even), and the bf16 kernels run on
 // them, so the bits are those of the generic path, which forms the same operands chunk by chunk (and
-// ran 4x slower than bf16 in L1 on Zen 3). Widths of the fast paths only (with_fast_width).
+// ran 4x slower than bf16 in L1 on Zen 3). Rows of whole chunks only, up to kConvertMaxH values.
 // With row groups the decode path converts each block once instead, into its workspace, through
 // avx2_decode_rows_to_bf16 (the same rows_to_bf16, any H), and calls the kernels on bf16 rows.
 constexpr std::int64_t kConvertKeys = 32;
 constexpr std::int64_t kConvertMaxH = 256;
 
 inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
-  return (dtype == DType::f16 || dtype == DType::f32) && fast_width(H, Hp);
+  return (dtype == DType::f16 || dtype == DType::f32) && H % kChunk == 0 && H <= Hp && H <= kConvertMaxH;
 }
 
 // Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each) as bf16 words at dst, ldd

@@ -1,8 +1,7 @@
 // The decode kernels (decode_qk_rows, decode_pv_rows; contract in microkernels.hpp) of every kernel set
 // this machine runs that has them, against a scalar model in double of the bf16-rounded operands:
-// rows 1..8, n = 1..70 (partial key groups and pairs), H = 40 (a partial chunk, Hp > H), 64 and 128
-// (the fast paths), K/V rows in f32, bf16, f16 and int8 with random per-key scales, strided rows,
-// corr null and not. Also: nothing past the contract is read (NaN there) or written (sentinels), S is
+// rows 1..8, n = 1..70 (partial key groups and pairs), H = 40 (a partial chunk, Hp > H) to 288 (kHs),
+// K/V rows in f32, bf16, f16 and int8 with random per-key scales, strided rows, corr null and not. Also: nothing past the contract is read (NaN there) or written (sentinels), S is
 // exactly 0 from n to round_up(n, 16), and the results depend only on the operand values (a bf16 or an
 // int8 row gives the bits of the f32 row holding its operands).
 //
@@ -32,10 +31,11 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
-// 40: a partial chunk; 48: whole 16-value chunks but Hp = 64 (avx2's last chunk past the row); 64, 128,
-// 256: the fast paths; 96: three 32-column chunks (amx tiles; a fast path on avx2); 288: Hp past the FMA
-// kernels' split Q rows and the amx tiles.
-constexpr int kHs[] = {40, 48, 64, 96, 128, 256, 288};
+// 40: a partial chunk; 48 and 80: whole 16-value chunks but Hp = 64 and 96 (avx2's last chunk past the
+// row; its fast paths on 3 and 5 chunks, a count at run time); 64, 128, 256: the fast paths; 96: three
+// 32-column chunks (amx tiles; on avx2 a fast path); 288: Hp past the FMA kernels' split Q rows and the
+// amx tiles.
+constexpr int kHs[] = {40, 48, 64, 80, 96, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // Every set with decode kernels this machine runs: the paths' own (decode_kernels_for), and on
@@ -416,13 +416,14 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
         }
 }
 
-// The avx2 set's fast paths (whole groups of keys at the widths with_fast_width lists, every size a
-// constant) give its generic path's bits: each logit of one call over n keys against calls of one key
-// each (no whole group of 8, so the generic path), and O after one call against calls of two keys
-// each (no whole 16, the generic path again; corr with the first), which the paged path relies on as
-// well (a logit is its own key's; each O element takes its keys one by one in increasing order). For
-// every H of kHs (64, 96, 128, 256 fast), bf16, f16, f32 and int8 rows (int8's P.V, quantized per 16
-// keys of a call, only Q.K), every row count.
+// The avx2 set's fast paths (whole groups of keys, rows of whole 16-value chunks: with_whole_chunks)
+// give its generic path's bits: each logit of one call over n keys against calls of one key each (no
+// whole group of 8, so the generic path), and O after one call against calls of two keys each (no
+// whole 16, the generic path again; corr with the first), which the paged path relies on as well (a
+// logit is its own key's; each O element takes its keys one by one in increasing order). For every H
+// of kHs (all but 40 on a fast path: 64, 96, 128, 256 unrolled, 48, 80 and 288's P.V counted at run
+// time), bf16, f16, f32 and int8 rows (int8's P.V, quantized per 16 keys of a call, only Q.K), every
+// row count.
 TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {
   if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2 here";
   const FlashKernels& k = avx2_decode_kernels();

@@ -150,22 +150,24 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   }
 }
 
-// The fast path for bf16 rows with H = Hp = 16 HC: groups of kPvFastGroupBytes of bf16 V whose
-// keys are all present (the last one any multiple of 16 keys: a page's), every size a constant, then the
-// generic path for the rest. Same sums in the same
-// order as the generic path, so the same bits.
+// The fast path for bf16 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a count
+// at run time): groups of up to kPvFastGroupBytes of V (whole vectors of 8 weights: 40 keys at H = 96)
+// whose keys are all present (the last one any multiple of 16 keys: a page's), over the chunks inside
+// H, then the generic path for the rest. Same sums in the same order as the generic path, so the same
+// bits in O's columns below H (the generic path adds V's zeros past H to the columns up to Hp).
 template <int R, int HC>
 void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
-  // Whole vectors of 8 weights per group (40 keys at H = 96).
-  constexpr std::int64_t kGroup = kPvFastGroupBytes / (2 * kChunk * HC) / 8 * 8;
-  static_assert(kGroup <= kPvMaxGroup && kGroup % 2 == 0);
+  const int nc = chunks_of<HC>(t.H);
+  const std::int64_t most = kPvFastGroupBytes / (2 * kChunk * nc) / 8 * 8;
+  const std::int64_t group = most < 8 ? 8 : most > kPvMaxGroup ? kPvMaxGroup : most;
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
-  for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
-    const std::int64_t j1 = j0 + kGroup < full ? j0 + kGroup : full;  // the last group: a multiple of 16 keys
-    touch_rows(v.base, v.ld_bytes, 2 * kChunk * HC, j0, j1);  // the group in address order first (see the top)
+  for (std::int64_t j0 = 0; j0 < full; j0 += group) {
+    const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
+    touch_rows(v.base, v.ld_bytes, 2 * kChunk * nc, j0, j1);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
-    pv_group<R>(t, w, j0, j1, HC, v);
+    if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v);
+    else pv_group<R>(t, w, j0, j1, nc, v);
   }
   pv_rows<R>(t, full);
 }
@@ -173,9 +175,8 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
 // The bf16 fast path's widths, then the generic path (O already rescaled and split).
 template <int R>
 void pv_rows_bf16(const DecodePv& t) {
-  const bool fast = t.v_dtype == DType::bf16 && t.H == t.Hp;
   const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
-  if (!(fast && with_fast_width(t.Hp, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
+  if (!(t.v_dtype == DType::bf16 && with_whole_chunks(t.H, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
     pv_rows<R>(t, 0);
 }
 

@@ -170,12 +170,15 @@ void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
   for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
 }
 
-// The fast path for bf16 or int8 rows with H = Hp = 16 HC: whole groups of 8 keys with every size a
-// constant, then the generic path for the rest. Same sums in the same order: the same bits.
+// The fast path for bf16 or int8 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a
+// count at run time): whole groups of 8 keys over the chunks inside H, then the generic path for the
+// rest. The same sums in the same order (the generic path's chunks past H add Q's zeros to them): the
+// same bits.
 template <int R, int HC, typename Q, typename Rows>
 void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
   const std::int64_t full = t.n / kQkAcc * kQkAcc;
-  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) qk_group<R, HC>(t, q, k, j0, kQkAcc, HC);
+  const int nc = chunks_of<HC>(t.H);
+  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) qk_group<R, HC>(t, q, k, j0, kQkAcc, nc);
   qk_rows<R>(t, q, full);
 }
 
@@ -188,8 +191,8 @@ void qk_rows_fast_any(const DecodeQk& t, const Q& q) {
 
 template <int R, typename Q>
 void qk_rows_any(const DecodeQk& t, const Q& q) {
-  const bool fast = (t.k_dtype == DType::bf16 || t.k_dtype == DType::i8) && t.H == t.Hp;
-  if (!(fast && with_fast_width(t.Hp, [&](auto hc) { qk_rows_fast_any<R, decltype(hc)::value>(t, q); })))
+  const bool fast = t.k_dtype == DType::bf16 || t.k_dtype == DType::i8;
+  if (!(fast && with_whole_chunks(t.H, [&](auto hc) { qk_rows_fast_any<R, decltype(hc)::value>(t, q); })))
     qk_rows<R>(t, q, 0);
 }
 
@@ -302,7 +305,8 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   const bool fast = t.H == t.Hp;
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
     constexpr int R = decltype(r)::value;
-    if (!(fast && with_fast_width(t.Hp, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); })))
+    // (HC = 0 here, the other whole-chunk widths, is qk_rows_i8's generic path.)
+    if (!(fast && with_whole_chunks(t.Hp, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); })))
       qk_rows_i8<R, 0>(t, qi, factor);
   });
   return true;
