@@ -5,13 +5,13 @@
 //     in blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8
 //     accumulators, loaded from O and stored back once per group and pass), and per key each row's
 //     weight, broadcast, multiplies the key's V chunk into the row's accumulators: each O element
-//     takes its keys one by one in increasing j. The fast path (bf16 rows, H = 64, 96, 128, 256, groups
-//     of 8 KiB of V whose keys are all present, the last any multiple of 16 keys) has every size a
-//     constant and first touches the group's rows line by line in address order (one load per line),
-//     so the passes, which read the rows strided, find them in L1: without it the hardware
-//     prefetchers did not keep up (a prefetch of the group took the bench's T = 1 bf16 row from 50 to
-//     35 ms on Zen 3; loads measured the same). f16 and f32 rows of those widths take it on bf16
-//     copies of 32 keys at a time (pv_rows_converted). The generic path (other H, other dtypes, the
+//     takes its keys one by one in increasing j. The fast path (bf16 rows of whole chunks: H a
+//     multiple of 16, every size a constant at H = 64, 96, 128, 256; groups of up to 8 KiB of V whose
+//     keys are all present, the last any multiple of 16 keys) first touches the group's rows line by
+//     line in address order (one load per line), so the passes, which read the rows strided, find them
+//     in L1: without it the hardware prefetchers did not keep up (a prefetch of the group took the
+//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). f16 and f32 rows of
+//     those widths (up to 256) take it on bf16 copies of 32 keys at a time (pv_rows_converted). The generic path (other H, other dtypes, the
 //     keys past the last whole 16; groups of 32 keys) converts and masks chunk by chunk. All give
 //     the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).

@@ -5,9 +5,9 @@
 //     of 16 h, fma(q even, k even, fma(q odd, k odd, acc)), chunk by chunk across the keys (whose rows
 //     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
 //     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
-//     fast path (bf16 rows, or int8 rows in the products form, H = 64, 96, 128, 256, whole groups of 8
-//     keys) has every size a constant; f16 and f32 rows of those widths take it on bf16 copies of
-//     32 keys at a time (qk_rows_converted). The generic path (any dtype and H, the last partial
+//     fast path (bf16 rows, or int8 rows in the products form, of whole chunks: H a multiple of 16,
+//     every size a constant at H = 64, 96, 128, 256; whole groups of 8 keys); f16 and f32 rows of those
+//     widths (up to 256) take it on bf16 copies of 32 keys at a time (qk_rows_converted). The generic path (any dtype and H, the last partial
 //     group, the zero keys up to round_up(n, 16)) converts and masks chunk by chunk. All give the
 //     same bits.
 //   int8 rows take the integers form on vpmaddwd (decode_qk_rows_i8 below) where H <= 256 and the Q
