@@ -314,11 +314,14 @@ template <int R>
 void pv_rows_i16(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   I16Weights g;
-  const bool whole = t.H == t.Hp;  // every chunk's 16 values inside the row
+  const bool whole = t.H % kChunk == 0;  // every chunk's 16 values inside the row
+  // The chunks that hold a value of the row: those past H would add V's zeros (left out, as the contract
+  // allows, in columns never output).
+  const int nc = static_cast<int>((t.H + kChunk - 1) / kChunk);
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);
     touch_rows(static_cast<const char*>(t.v), t.ldv, t.H, jg, jg + g.keys);
-    for (int c = 0; c < static_cast<int>(t.Hp / kChunk); ++c)
+    for (int c = 0; c < nc; ++c)
       row_blocks<R>([&](auto rb, int r0) {
         if (whole) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
         else i16_chunk<decltype(rb)::value, false>(t, g, r0, jg, c);

@@ -274,25 +274,27 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(rows)), _mm256_load_ps(keys)));
 }
 
-// S[r][j] for all j < round_up(n, 16): whole groups of 8 keys with every size a constant where
-// H = Hp = 16 HC (HC = 0: the generic path for every key), then the rest chunk by chunk.
+// S[r][j] for all j < round_up(n, 16): where H is a multiple of 16 (HC >= 0, with_whole_chunks), whole
+// groups of 8 keys over the HC chunks inside H (HC = 0: H / 16, a count at run time), then the rest
+// chunk by chunk over Hp (the generic path; HC = -1: every key). The int32 sums are exact, so the
+// chunks past H (Q's zeros) change nothing.
 template <int R, int HC>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
-  const auto group = [&](std::int64_t j0, int nj, auto whole, auto nc) {
+  const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) {
     row_blocks<R, 8>([&](auto rb, int r0) {
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
       for (int jj = 0; jj < kQkAcc; jj += KG)
-        qk_block_i8<RB, decltype(nc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj,
-                                                                     static_cast<int>(t.Hp / kChunk));
+        qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj, nc);
     });
   };
   std::int64_t j0 = 0;
-  if constexpr (HC > 0)
+  if constexpr (HC >= 0)
     for (; j0 + kQkAcc <= t.n; j0 += kQkAcc)
-      group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{});
+      group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{}, chunks_of<HC>(t.H));
   for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc)
-    group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{});
+    group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{},
+          static_cast<int>(t.Hp / kChunk));
 }
 
 // decode_qk_rows for int8 K in the integers form where H <= kSplitMaxHp and the Q rows are finite;
@@ -302,12 +304,10 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   alignas(32) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
   float factor[kDecodeMaxRows];
   if (!quantize_q_rows(qi, factor, t)) return false;
-  const bool fast = t.H == t.Hp;
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
     constexpr int R = decltype(r)::value;
-    // (HC = 0 here, the other whole-chunk widths, is qk_rows_i8's generic path.)
-    if (!(fast && with_whole_chunks(t.Hp, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); })))
-      qk_rows_i8<R, 0>(t, qi, factor);
+    if (!with_whole_chunks(t.H, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); }))
+      qk_rows_i8<R, -1>(t, qi, factor);
   });
   return true;
 }
