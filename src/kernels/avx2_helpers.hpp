@@ -92,7 +92,14 @@ inline __m256i load16_bf16(const char* row, DType dtype, std::int64_t h0, std::i
   if (dtype == DType::bf16 && h0 + 16 <= H)
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + h0));
   __m256 a = load8_f32(row, dtype, h0, H), b = load8_f32(row, dtype, h0 + 8, H);
-  if (dtype == DType::i8) a = _mm256_mul_ps(a, _mm256_set1_ps(scale)), b = _mm256_mul_ps(b, _mm256_set1_ps(scale));
+  if (dtype == DType::i8) {  // the products, zero past H even for an infinite or NaN scale (0 * inf)
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i left = _mm256_set1_epi32(static_cast<int>(H - h0 < 16 ? H - h0 : 16));
+    const __m256 in_a = _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, lane));
+    const __m256 in_b = _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, _mm256_add_epi32(lane, _mm256_set1_epi32(8))));
+    a = _mm256_and_ps(_mm256_mul_ps(a, _mm256_set1_ps(scale)), in_a);
+    b = _mm256_and_ps(_mm256_mul_ps(b, _mm256_set1_ps(scale)), in_b);
+  }
   return bf16_words(a, b);
 }
 

@@ -421,9 +421,10 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
 // whole group of 8, so the generic path), and O after one call against calls of two keys each (no
 // whole 16, the generic path again; corr with the first), which the paged path relies on as well (a
 // logit is its own key's; each O element takes its keys one by one in increasing order). For every H
-// of kHs (all but 40 on a fast path: 64, 96, 128, 256 unrolled, 48, 80 and 288's P.V counted at run
-// time), bf16, f16, f32 and int8 rows (int8's P.V, quantized per 16 keys of a call, only Q.K), every
-// row count.
+// of kHs (fast: 64, 96, 128, 256 unrolled, 48 and 80 counted at run time, and bf16 P.V at 288; 40 and
+// the rest of 288 generic on both sides), bf16, f16, f32 and int8 rows (Q.K only: int8's P.V quantizes
+// per 16 keys of a call) in both int8 forms (the products form where a Q row holds a NaN: the other
+// rows then), every row count.
 TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {
   if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2 here";
   const FlashKernels& k = avx2_decode_kernels();
@@ -445,16 +446,29 @@ TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {
         };
         const float* scales = r.scales();
         const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * Rows::kLdScale : nullptr; };
-        const QRows q = make_q(rows, H, Hp, rng);
-        const std::vector<float> s = run_qk(k, q, r, rows, n, H, Hp, 0.125f, lds);
-        AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
-        for (std::int64_t j = 0; j < n; ++j) {
-          k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp, 0.125f,
-                            rows, scale_of(j), Rows::kLdScale});
-          for (int i = 0; i < rows; ++i)
-            ASSERT_EQ(bits(one.as<float>() + i * 16, 1), bits(s.data() + i * lds + j, 1)) << "Q.K, row " << i << " key " << j;
+        QRows q = make_q(rows, H, Hp, rng);
+        // Rows [first, rows) of one call against one-key calls; rows before first are NaN in both.
+        const auto check_qk_bits = [&](int first) {
+          const std::vector<float> s = run_qk(k, q, r, rows, n, H, Hp, 0.125f, lds);
+          AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
+          for (std::int64_t j = 0; j < n; ++j) {
+            k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp,
+                              0.125f, rows, scale_of(j), Rows::kLdScale});
+            for (int i = 0; i < first; ++i)
+              ASSERT_TRUE(std::isnan(one.as<float>()[i * 16]) && std::isnan(s[static_cast<std::size_t>(i * lds + j)]));
+            for (int i = first; i < rows; ++i)
+              ASSERT_EQ(bits(one.as<float>() + i * 16, 1), bits(s.data() + i * lds + j, 1))
+                  << "Q.K, row " << i << " key " << j;
+          }
+        };
+        ASSERT_NO_FATAL_FAILURE(check_qk_bits(0));
+        if (dtype == DType::i8) {
+          if (rows > 1) {  // the products form
+            q.buf.as<std::uint16_t>()[0] = kNaNBits;
+            ASSERT_NO_FATAL_FAILURE(check_qk_bits(1));
+          }
+          continue;
         }
-        if (dtype == DType::i8) continue;
         const PvCase c{rows, n, n, H, Hp, n + 32, Hp + 32, true};
         const std::vector<std::uint16_t> p = make_p(c, rng);
         std::uniform_real_distribution<float> val(-1.0f, 1.0f);

@@ -6,14 +6,14 @@
 //     accumulators, loaded from O and stored back once per group and pass), and per key each row's
 //     weight, broadcast, multiplies the key's V chunk into the row's accumulators: each O element
 //     takes its keys one by one in increasing j. The fast path (bf16 rows of whole chunks: H a
-//     multiple of 16, every size a constant at H = 64, 96, 128, 256; groups of up to 8 KiB of V whose
+//     multiple of 16, every size a constant at H = 64, 96, 128, 256; groups of about 8 KiB of V whose
 //     keys are all present, the last any multiple of 16 keys) first touches the group's rows line by
 //     line in address order (one load per line), so the passes, which read the rows strided, find them
 //     in L1: without it the hardware prefetchers did not keep up (a prefetch of the group took the
 //     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). f16 and f32 rows of
-//     those widths (up to 256) take it on bf16 copies of 32 keys at a time (pv_rows_converted). The generic path (other H, other dtypes, the
-//     keys past the last whole 16; groups of 32 keys) converts and masks chunk by chunk. All give
-//     the same bits.
+//     those widths (up to 256) take it on bf16 copies of 32 keys at a time (pv_rows_converted). The
+//     generic path (other H, other dtypes, the keys past the last whole 16; groups of 32 keys)
+//     converts and masks chunk by chunk. All give the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
 #include "kernels/avx2_decode_common.hpp"
 
@@ -24,7 +24,7 @@ using namespace decode_avx2;
 
 constexpr int kPvGroup = 32;                 // keys per group on the generic path
 constexpr int kPvFastGroupBytes = 8192;      // of bf16 V per group on the fast path (32 keys at H = 128)
-constexpr int kPvMaxGroup = kPvFastGroupBytes / (2 * 64);  // the most keys of a group (H = 64)
+constexpr int kPvMaxGroup = kPvFastGroupBytes / (2 * 64);  // the most keys of a group (H <= 64: clamped)
 
 // One load of the byte at p, its value unused: a miss on its line that the hardware prefetchers see
 // in order.
@@ -151,7 +151,7 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 }
 
 // The fast path for bf16 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a count
-// at run time): groups of up to kPvFastGroupBytes of V (whole vectors of 8 weights: 40 keys at H = 96)
+// at run time): groups of about kPvFastGroupBytes of V (whole vectors of 8 weights, 8 to 64 keys: 40 at H = 96)
 // whose keys are all present (the last one any multiple of 16 keys: a page's), over the chunks inside
 // H, then the generic path for the rest. Same sums in the same order as the generic path, so the same
 // bits in O's columns below H (the generic path adds V's zeros past H to the columns up to Hp).

@@ -5,11 +5,11 @@
 //     of 16 h, fma(q even, k even, fma(q odd, k odd, acc)), chunk by chunk across the keys (whose rows
 //     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
 //     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
-//     fast path (bf16 rows, or int8 rows in the products form, of whole chunks: H a multiple of 16,
-//     every size a constant at H = 64, 96, 128, 256; whole groups of 8 keys); f16 and f32 rows of those
-//     widths (up to 256) take it on bf16 copies of 32 keys at a time (qk_rows_converted). The generic path (any dtype and H, the last partial
-//     group, the zero keys up to round_up(n, 16)) converts and masks chunk by chunk. All give the
-//     same bits.
+//     fast path (bf16 rows, or int8 rows in the products form, of whole chunks: H a multiple of 16 and
+//     Hp <= kSplitMaxHp, every size a constant at H = 64, 96, 128, 256; whole groups of 8 keys); f16
+//     and f32 rows of those widths (up to 256) take it on bf16 copies of 32 keys at a time
+//     (qk_rows_converted). The generic path (any dtype and H, the last partial group, the zero keys up
+//     to round_up(n, 16)) converts and masks chunk by chunk. All give the same bits.
 //   int8 rows take the integers form on vpmaddwd (decode_qk_rows_i8 below) where H <= 256 and the Q
 //     rows are finite, the products form above otherwise.
 #include "kernels/avx2_decode_common.hpp"
@@ -230,7 +230,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
 }
 
 // S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
-// the generic path), keys one by one with the block's Q chunk per row from L1.
+// counted at run time: the generic path's Hp / 16, or the fast path's H / 16), keys one by one with the block's Q chunk per row from L1.
 template <int RB, int kNc, bool kWhole>
 inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
                                                        int r0, std::int64_t j0, int nj, int nc) {

@@ -97,8 +97,8 @@
 //   decode_pv_rows: O[r][h] = O[r][h] * corr[r] + sum_{j<nkeys} P[r][j] V[j][h] for h < Hp (corr null:
 //                   no rescale; nkeys even, <= round_up(n, 2); keys j >= n are not read and count
 //                   as zero rows; V is zero past H, and a set may leave those products out, which only
-//                   a NaN or infinite weight would tell apart, in O's columns [H, Hp) that are never
-//                   output; each O element accumulates its keys in increasing j: one by one,
+//                   a NaN or infinite weight (or a -0 in O) would tell apart, in O's columns [H, Hp)
+//                   that are never output; each O element accumulates its keys in increasing j: one by one,
 //                   or on the amx tiles in steps of 16 keys of the call, each step's sum as
 //                   tdpbf16ps forms it, so calls cut at multiples of 16 keys give the bits of one).
 // The operands decide the bits: a bf16 or f16 row gives the bits of the f32 row holding its bf16
