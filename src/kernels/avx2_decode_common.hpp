@@ -73,8 +73,7 @@ struct Int8Rows {
 
 // The 16 int8 values at x sign-extended to int16, zero from value `left` on; no byte past x + left is
 // read. kWhole: the caller knows all 16 are inside the row (a chunk below H, a multiple of 16), and
-// `left` is not looked at. The
-// integers form's loads.
+// `left` is not looked at. The integers form's loads.
 template <bool kWhole>
 inline __m256i load16_i8(const char* x, std::int64_t left) {
   if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
@@ -84,12 +83,12 @@ inline __m256i load16_i8(const char* x, std::int64_t left) {
 }
 
 // The fast paths take rows of whole chunks: H a multiple of 16 (<= Hp; Q is zero past H, so the chunks
-// past it add nothing), HC = H / 16 of them (Q.K's: where Hp <= 256, the rows it splits once per call). with_whole_chunks(H, fn) calls
-// fn(std::integral_constant<int, HC>{}) for the widths whose chunk loop is unrolled (H = 64, 96, 128,
-// 256: every size a constant), fn(std::integral_constant<int, 0>{}) for the other multiples of 16 (the
-// count at run time, chunks_of), and returns false, calling nothing, for an H that is not one. The one
-// list of them. (On the generic path, which converts and masks chunk by chunk, T = 16 took 3x the time
-// at H = 96 on Zen 3: docs/performance.md, session 16.)
+// past it add nothing), HC = H / 16 of them (Q.K's only where Hp <= 256, the rows it splits once per
+// call). with_whole_chunks(H, fn) calls fn(std::integral_constant<int, HC>{}) for the widths whose
+// chunk loop is unrolled (H = 64, 96, 128, 256: every size a constant), fn with HC = 0 for the other
+// multiples of 16 (the count at run time, chunks_of), and returns false, calling nothing, for an H that
+// is not one. The one list of them. (On the generic path, which converts and masks chunk by chunk,
+// T = 16 took 3x the time at H = 96 on Zen 3: docs/performance.md, session 16.)
 template <typename Fn>
 inline bool with_whole_chunks(std::int64_t H, Fn&& fn) {
   switch (H) {

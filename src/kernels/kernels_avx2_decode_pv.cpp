@@ -151,9 +151,9 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 }
 
 // The fast path for bf16 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a count
-// at run time): groups of about kPvFastGroupBytes of V (whole vectors of 8 weights, 8 to 64 keys: 40 at H = 96)
-// whose keys are all present (the last one any multiple of 16 keys: a page's), over the chunks inside
-// H, then the generic path for the rest. Same sums in the same order as the generic path, so the same
+// at run time): groups of about kPvFastGroupBytes of V (whole vectors of 8 weights, 8 to 64 keys: 40
+// at H = 96) whose keys are all present (the last one any multiple of 16 keys: a page's), over the
+// chunks inside H, then the generic path for the rest. Same sums in the same order as the generic path, so the same
 // bits in O's columns below H (the generic path adds V's zeros past H to the columns up to Hp).
 template <int R, int HC>
 void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
@@ -176,7 +176,8 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
 template <int R>
 void pv_rows_bf16(const DecodePv& t) {
   const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
-  if (!(t.v_dtype == DType::bf16 && with_whole_chunks(t.H, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
+  const bool fast = t.v_dtype == DType::bf16;
+  if (!(fast && with_whole_chunks(t.H, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
     pv_rows<R>(t, 0);
 }
 

@@ -230,7 +230,8 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
 }
 
 // S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
-// counted at run time: the generic path's Hp / 16, or the fast path's H / 16), keys one by one with the block's Q chunk per row from L1.
+// counted at run time: the generic path's Hp / 16, or the fast path's H / 16), keys one by one with
+// the block's Q chunk per row from L1.
 template <int RB, int kNc, bool kWhole>
 inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
                                                        int r0, std::int64_t j0, int nj, int nc) {
