@@ -21,8 +21,8 @@
 // the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM for the first group and from L2
 // for the others, so K/V still stream once while the kernels stay the small-tile ones. With G*T <=
 // decode_max_rows there is one group. f16 and f32 rows, where the set has decode_rows_to_bf16 (avx2,
-// whose kernels otherwise convert them on every call: 32 keys at a time where H is a multiple of 16, up
-// to 256, chunk by chunk at other H), become bf16 words once per block (K and V, Hp per key, in the workspace: 256 KiB
+// whose kernels otherwise convert them on every call: 32 keys at a time up to H = 256, chunk by chunk
+// at wider H), become bf16 words once per block (K and V, Hp per key, in the workspace: 256 KiB
 // at H = 128), and every group runs on those as bf16 rows: the operands the kernels would form, so the
 // same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
 //

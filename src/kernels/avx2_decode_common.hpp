@@ -46,24 +46,34 @@ struct Halves {
 inline Halves split(__m256i w) { return {even_half(w), odd_half(w)}; }
 
 // The rows the kernels read, chunk by chunk: chunk c of key j (operands 16c .. 16c+16) as Halves.
-// bf16 rows with whole chunks (H a multiple of 16): plain loads.
+// bf16 rows: plain loads, except, where kTail (H not a multiple of 16), for the last chunk (c = H / 16),
+// which load16_bf16 reads (zero past H, nothing past H read).
+template <bool kTail = false>
 struct Bf16Rows {
   const char* base;
   std::int64_t ld_bytes;
+  std::int64_t H = 0;  // kTail only
   Halves chunk(std::int64_t j, int c) const {
+    if constexpr (kTail)
+      if (c == H / kChunk) return split(load16_bf16(base + j * ld_bytes, DType::bf16, std::int64_t{kChunk} * c, H, 1.0f));
     return split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * ld_bytes + 32 * c)));
   }
 };
 
-// int8 rows with whole chunks, each value times its key's scale and rounded to bf16 (the products
-// form): the even and odd bytes sign-extended straight into their halves, so no bf16 words are formed.
-// The values load16_bf16 gives, split.
+// int8 rows, each value times its key's scale and rounded to bf16 (the products form): the even and
+// odd bytes sign-extended straight into their halves, so no bf16 words are formed. The values
+// load16_bf16 gives, split (which reads the last chunk where kTail, as Bf16Rows).
+template <bool kTail = false>
 struct Int8Rows {
   const char* base;
   std::int64_t ld_bytes;  // = elements between keys
   const float* scale;
   std::int64_t ld_scale;
+  std::int64_t H = 0;  // kTail only
   Halves chunk(std::int64_t j, int c) const {
+    if constexpr (kTail)
+      if (c == H / kChunk)
+        return split(load16_bf16(base + j * ld_bytes, DType::i8, std::int64_t{kChunk} * c, H, scale[j * ld_scale]));
     const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * ld_bytes + 16 * c)));
     const __m256i even = _mm256_srai_epi32(_mm256_slli_epi32(w, 16), 16), odd = _mm256_srai_epi32(w, 16);
     const __m256 s = _mm256_broadcast_ss(scale + j * ld_scale);
@@ -71,56 +81,73 @@ struct Int8Rows {
   }
 };
 
-// The 16 int8 values at x sign-extended to int16, zero from value `left` on; no byte past x + left is
-// read. kWhole: the caller knows all 16 are inside the row (a chunk below H, a multiple of 16), and
-// `left` is not looked at. The integers form's loads.
+// Values h0 .. h0 + 16 of an int8 row sign-extended to int16, zero from H on; no byte past row + H is
+// read. kWhole: the caller knows all 16 are inside the row (a chunk below H, a multiple of 16), and H
+// is not looked at. A partial chunk of a row of 16 values or more is read as the 16 bytes that end at
+// row + H, shifted down (one load and one shuffle). The integers form's loads.
 template <bool kWhole>
-inline __m256i load16_i8(const char* x, std::int64_t left) {
-  if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+inline __m256i load16_i8(const char* row, std::int64_t h0, std::int64_t H) {
+  const std::int64_t left = H - h0;
+  if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0)));
+  if (left > 0 && H >= kChunk) {
+    // Byte i of the result is byte 16 - left + i of the load (i < left), else zero (index -128).
+    alignas(16) static constexpr std::int8_t kDown[2 * kChunk] = {0,    1,    2,    3,    4,    5,    6,    7,
+                                                                  8,    9,    10,   11,   12,   13,   14,   15,
+                                                                  -128, -128, -128, -128, -128, -128, -128, -128,
+                                                                  -128, -128, -128, -128, -128, -128, -128, -128};
+    const __m128i end = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + H - kChunk));
+    const __m128i down = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDown + kChunk - left));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(end, down));
+  }
   alignas(16) char buf[kChunk] = {};
-  for (std::int64_t h = 0; h < left; ++h) buf[h] = x[h];
+  for (std::int64_t h = 0; h < left; ++h) buf[h] = row[h0 + h];
   return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
 }
 
-// The fast paths take rows of whole chunks: H a multiple of 16 (<= Hp; Q is zero past H, so the chunks
-// past it add nothing), HC = H / 16 of them (Q.K's only where Hp <= 256, the rows it splits once per
-// call). with_whole_chunks(H, fn) calls fn(std::integral_constant<int, HC>{}) for the widths whose
-// chunk loop is unrolled (H = 64, 96, 128, 256: every size a constant), fn with HC = 0 for the other
-// multiples of 16 (the count at run time, chunks_of), and returns false, calling nothing, for an H that
-// is not one. The one list of them. (On the generic path, which converts and masks chunk by chunk,
-// T = 16 took 3x the time at H = 96 on Zen 3: docs/performance.md, session 16.)
+// The fast paths take rows of any H <= Hp (Q is zero past H, so the chunks past it add nothing):
+// ceil(H / 16) chunks, the last one read through load16_bf16 where H is not a multiple of 16 (kTail;
+// Q.K's fast path only where Hp <= 256, the rows it splits once per call). with_fast_chunks(H, fn)
+// calls fn(std::integral_constant<int, HC>{}, std::bool_constant<kTail>{}): HC = H / 16 for the widths
+// whose chunk loop is unrolled (H = 64, 96, 128, 256: every size a constant), HC = 0 for the others
+// (the count at run time, chunks_of), and returns false, calling nothing, for H <= 0. The one list of
+// them. (On the generic path, which converts and masks chunk by chunk over all of Hp, T = 16 took 3x
+// the time at H = 96 on Zen 3, and T = 1 2.4x at H = 72: docs/performance.md, sessions 16 and 17.)
 template <typename Fn>
-inline bool with_whole_chunks(std::int64_t H, Fn&& fn) {
+inline bool with_fast_chunks(std::int64_t H, Fn&& fn) {
   switch (H) {
-    case 64: fn(std::integral_constant<int, 4>{}); return true;
-    case 96: fn(std::integral_constant<int, 6>{}); return true;
-    case 128: fn(std::integral_constant<int, 8>{}); return true;
-    case 256: fn(std::integral_constant<int, 16>{}); return true;
+    case 64: fn(std::integral_constant<int, 4>{}, std::false_type{}); return true;
+    case 96: fn(std::integral_constant<int, 6>{}, std::false_type{}); return true;
+    case 128: fn(std::integral_constant<int, 8>{}, std::false_type{}); return true;
+    case 256: fn(std::integral_constant<int, 16>{}, std::false_type{}); return true;
     default:
-      if (H <= 0 || H % kChunk != 0) return false;
-      fn(std::integral_constant<int, 0>{});
+      if (H <= 0) return false;
+      if (H % kChunk == 0) fn(std::integral_constant<int, 0>{}, std::false_type{});
+      else fn(std::integral_constant<int, 0>{}, std::true_type{});
       return true;
   }
 }
 
-// The chunks of a row on a fast path: HC, or H / 16 where HC is 0.
+// The chunks of a row on a fast path: HC, or ceil(H / 16) where HC is 0.
 template <int HC>
 inline int chunks_of(std::int64_t H) {
-  return HC > 0 ? HC : static_cast<int>(H / kChunk);
+  return HC > 0 ? HC : static_cast<int>((H + kChunk - 1) / kChunk);
 }
 
 // f16 and f32 rows take the bf16 fast paths through an L1 buffer: kConvertKeys rows at a time become
 // the bf16 words load16_bf16 forms (bf16_words: round_bf16, nearest even), and the bf16 kernels run on
 // them, so the bits are those of the generic path, which forms the same operands chunk by chunk (and
-// ran 4x slower than bf16 in L1 on Zen 3). Rows of whole chunks only, up to kConvertMaxH values.
-// With row groups the decode path converts each block once instead, into its workspace, through
-// avx2_decode_rows_to_bf16 (the same rows_to_bf16, any H), and calls the kernels on bf16 rows.
+// ran 4x slower than bf16 in L1 on Zen 3). Rows of up to kConvertMaxH values, converted_ld(H) words
+// apart. With row groups the decode path converts each block once instead, into its workspace, through
+// avx2_decode_rows_to_bf16 (the same rows_to_bf16), and calls the kernels on bf16 rows.
 constexpr std::int64_t kConvertKeys = 32;
 constexpr std::int64_t kConvertMaxH = 256;
 
 inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
-  return (dtype == DType::f16 || dtype == DType::f32) && H % kChunk == 0 && H <= Hp && H <= kConvertMaxH;
+  return (dtype == DType::f16 || dtype == DType::f32) && H <= Hp && H <= kConvertMaxH;
 }
+
+// The words between the converted rows: H rounded up to whole chunks.
+inline std::int64_t converted_ld(std::int64_t H) { return (H + kChunk - 1) / kChunk * kChunk; }
 
 // Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each) as bf16 words at dst, ldd
 // per row (a multiple of 16, >= H; zero in [H, ldd); dst 32-byte aligned): load16_bf16's words (its

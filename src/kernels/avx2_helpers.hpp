@@ -85,12 +85,27 @@ inline __m256i bf16_words(__m256 a, __m256 b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
 }
 
+// The words x[0 .. left) in order, zero from word `left` on (left < 16); nothing at or past x + left is
+// read (a masked load of the whole pairs, then the odd last word).
+inline __m256i load_words_below(const std::uint16_t* x, std::int64_t left) {
+  if (left <= 0) return _mm256_setzero_si256();
+  const __m256i pairs = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left / 2)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i w = _mm256_maskload_epi32(reinterpret_cast<const int*>(x), pairs);
+  if (left % 2 != 0) {
+    const __m256i last = _mm256_cmpeq_epi16(_mm256_set1_epi16(static_cast<short>(left - 1)),
+                                            _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    w = _mm256_or_si256(w, _mm256_and_si256(last, _mm256_set1_epi16(static_cast<short>(x[left - 1]))));
+  }
+  return w;
+}
+
 // The 16 operands row[h0 .. h0+16) as bf16 words (element h0 + i in word i), zero at or beyond H: bf16
 // rows as stored, the other dtypes rounded to nearest even (int8 values times `scale` first, one fp32
 // rounding: the products form). The bits of float_to_bf16_bits for every non-NaN value.
 inline __m256i load16_bf16(const char* row, DType dtype, std::int64_t h0, std::int64_t H, float scale) {
-  if (dtype == DType::bf16 && h0 + 16 <= H)
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + h0));
+  if (dtype == DType::bf16)
+    return h0 + 16 <= H ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + h0))
+                        : load_words_below(reinterpret_cast<const std::uint16_t*>(row) + h0, H - h0);
   __m256 a = load8_f32(row, dtype, h0, H), b = load8_f32(row, dtype, h0 + 8, H);
   if (dtype == DType::i8) {  // the products, zero past H even for an infinite or NaN scale (0 * inf)
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -5,15 +5,16 @@
 //     in blocks of RB = 4, 2, 1 and columns in passes of NC = 1, 2, 4 chunks (2 RB NC = 8
 //     accumulators, loaded from O and stored back once per group and pass), and per key each row's
 //     weight, broadcast, multiplies the key's V chunk into the row's accumulators: each O element
-//     takes its keys one by one in increasing j. The fast path (bf16 rows of whole chunks: H a
-//     multiple of 16, every size a constant at H = 64, 96, 128, 256; groups of about 8 KiB of V whose
-//     keys are all present, the last any multiple of 16 keys) first touches the group's rows line by
+//     takes its keys one by one in increasing j. The fast path (bf16 rows: the ceil(H / 16) chunks
+//     that hold a value of the row, the last one read masked where H is not a multiple of 16, every
+//     size a constant at H = 64, 96, 128, 256; groups of about 8 KiB of V whose keys are all present,
+//     the last any multiple of 16 keys) first touches the group's rows line by
 //     line in address order (one load per line), so the passes, which read the rows strided, find them
 //     in L1: without it the hardware prefetchers did not keep up (a prefetch of the group took the
-//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). f16 and f32 rows of
-//     those widths (up to 256) take it on bf16 copies of 32 keys at a time (pv_rows_converted). The
-//     generic path (other H, other dtypes, the keys past the last whole 16; groups of 32 keys)
-//     converts and masks chunk by chunk. All give the same bits.
+//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). f16 and f32 rows up
+//     to H = 256 take it on bf16 copies of 32 keys at a time (pv_rows_converted). The generic path
+//     (H > 256 for f16 and f32, the keys past the last whole 16; groups of 32 keys) converts and
+//     masks chunk by chunk over Hp. All give the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
 #include "kernels/avx2_decode_common.hpp"
 
@@ -150,13 +151,14 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   }
 }
 
-// The fast path for bf16 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a count
-// at run time): groups of about kPvFastGroupBytes of V (whole vectors of 8 weights, 8 to 64 keys: 40
-// at H = 96) whose keys are all present (the last one any multiple of 16 keys: a page's), over the
-// chunks inside H, then the generic path for the rest. Same sums in the same order as the generic path, so the same
-// bits in O's columns below H (the generic path adds V's zeros past H to the columns up to Hp).
-template <int R, int HC>
-void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
+// The fast path for bf16 rows of HC chunks (with_fast_chunks; HC = 0: ceil(H / 16) of them, a count at
+// run time; kTail: the last one partial): groups of about kPvFastGroupBytes of V (whole vectors of 8
+// weights, 8 to 64 keys: 40 at H = 96) whose keys are all present (the last one any multiple of 16
+// keys: a page's), over the chunks that hold a value of the row, then the generic path for the rest.
+// Same sums in the same order as the generic path, so the same bits in O's columns below H (the
+// generic path adds V's zeros past H to the columns up to Hp).
+template <int R, int HC, bool kTail>
+void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
   const int nc = chunks_of<HC>(t.H);
   const std::int64_t most = kPvFastGroupBytes / (2 * kChunk * nc) / 8 * 8;
   const std::int64_t group = most < 8 ? 8 : most > kPvMaxGroup ? kPvMaxGroup : most;
@@ -164,7 +166,7 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
   for (std::int64_t j0 = 0; j0 < full; j0 += group) {
     const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
-    touch_rows(v.base, v.ld_bytes, 2 * kChunk * nc, j0, j1);  // the group in address order first (see the top)
+    touch_rows(v.base, v.ld_bytes, 2 * t.H, j0, j1);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
     if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v);
     else pv_group<R>(t, w, j0, j1, nc, v);
@@ -175,9 +177,11 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows& v) {
 // The bf16 fast path's widths, then the generic path (O already rescaled and split).
 template <int R>
 void pv_rows_bf16(const DecodePv& t) {
-  const Bf16Rows v{static_cast<const char*>(t.v), t.ldv * 2};
   const bool fast = t.v_dtype == DType::bf16;
-  if (!(fast && with_whole_chunks(t.H, [&](auto hc) { pv_rows_fast<R, decltype(hc)::value>(t, v); })))
+  if (!(fast && with_fast_chunks(t.H, [&](auto hc, auto tail) {
+          constexpr bool kTail = decltype(tail)::value;
+          pv_rows_fast<R, decltype(hc)::value, kTail>(t, Bf16Rows<kTail>{static_cast<const char*>(t.v), t.ldv * 2, t.H});
+        })))
     pv_rows<R>(t, 0);
 }
 
@@ -191,12 +195,12 @@ void pv_rows_converted(const DecodePv& t) {
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kConvertKeys) {
     const std::int64_t nkeys = t.nkeys - j0 < kConvertKeys ? t.nkeys - j0 : kConvertKeys;
     const std::int64_t n = keys_in(read - j0, static_cast<int>(nkeys));
-    rows_to_bf16(rows, t.H, t.v, t.v_dtype, t.ldv, j0, n, t.H);
+    rows_to_bf16(rows, converted_ld(t.H), t.v, t.v_dtype, t.ldv, j0, n, t.H);
     DecodePv piece = t;
     piece.p = static_cast<const std::uint16_t*>(t.p) + j0;
     piece.v = rows;
     piece.v_dtype = DType::bf16;
-    piece.ldv = t.H;
+    piece.ldv = converted_ld(t.H);
     piece.n = n;
     piece.nkeys = nkeys;
     piece.corr = nullptr;
@@ -265,7 +269,7 @@ inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
 template <bool kWhole>
 inline __m256i i8_row(const DecodePv& t, std::int64_t jg, int j, int read, int c) {
   if (j >= read) return _mm256_setzero_si256();
-  return load16_i8<kWhole>(static_cast<const char*>(t.v) + (jg + j) * t.ldv + kChunk * c, t.H - kChunk * c);
+  return load16_i8<kWhole>(static_cast<const char*>(t.v) + (jg + j) * t.ldv, std::int64_t{kChunk} * c, t.H);
 }
 
 // The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1).
@@ -315,7 +319,7 @@ template <int R>
 void pv_rows_i16(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   I16Weights g;
-  const bool whole = t.H % kChunk == 0;  // every chunk's 16 values inside the row
+  const bool whole = t.H % kChunk == 0;  // every chunk's 16 values inside the row (else all but the last's)
   // The chunks that hold a value of the row: those past H would add V's zeros (left out, as the contract
   // allows, in columns never output).
   const int nc = static_cast<int>((t.H + kChunk - 1) / kChunk);
@@ -324,7 +328,7 @@ void pv_rows_i16(const DecodePv& t) {
     touch_rows(static_cast<const char*>(t.v), t.ldv, t.H, jg, jg + g.keys);
     for (int c = 0; c < nc; ++c)
       row_blocks<R>([&](auto rb, int r0) {
-        if (whole) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
+        if (whole || c + 1 < nc) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
         else i16_chunk<decltype(rb)::value, false>(t, g, r0, jg, c);
       });
   }

@@ -5,11 +5,12 @@
 //     of 16 h, fma(q even, k even, fma(q odd, k odd, acc)), chunk by chunk across the keys (whose rows
 //     lie side by side); then an 8x8 transpose-add turns them into 8 logits ((l0 + l1) + (l2 + l3)) +
 //     ((l4 + l5) + (l6 + l7)) of each accumulator's lanes: one fixed order whatever the slot). The
-//     fast path (bf16 rows, or int8 rows in the products form, of whole chunks: H a multiple of 16 and
-//     Hp <= kSplitMaxHp, every size a constant at H = 64, 96, 128, 256; whole groups of 8 keys); f16
-//     and f32 rows of those widths (up to 256) take it on bf16 copies of 32 keys at a time
-//     (qk_rows_converted). The generic path (any dtype and H, the last partial group, the zero keys up
-//     to round_up(n, 16)) converts and masks chunk by chunk. All give the same bits.
+//     fast path (bf16 rows, or int8 rows in the products form, Hp <= kSplitMaxHp: the ceil(H / 16)
+//     chunks that hold a value of the row, the last one read masked where H is not a multiple of 16,
+//     every size a constant at H = 64, 96, 128, 256; whole groups of 8 keys); f16 and f32 rows up to
+//     H = 256 take it on bf16 copies of 32 keys at a time (qk_rows_converted). The generic path (any
+//     dtype and H, the last partial group, the zero keys up to round_up(n, 16)) converts and masks
+//     chunk by chunk over Hp. All give the same bits.
 //   int8 rows take the integers form on vpmaddwd (decode_qk_rows_i8 below) where H <= 256 and the Q
 //     rows are finite, the products form above otherwise.
 #include "kernels/avx2_decode_common.hpp"
@@ -170,10 +171,10 @@ void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
   for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
 }
 
-// The fast path for bf16 or int8 rows of HC whole chunks (with_whole_chunks; HC = 0: H / 16 of them, a
-// count at run time): whole groups of 8 keys over the chunks inside H, then the generic path for the
-// rest. The same sums in the same order (the generic path's chunks past H add Q's zeros to them): the
-// same bits.
+// The fast path for bf16 or int8 rows of HC chunks (with_fast_chunks; HC = 0: ceil(H / 16) of them, a
+// count at run time; kTail: the last one partial): whole groups of 8 keys over the chunks that hold a
+// value of the row, then the generic path for the rest. The same sums in the same order (the generic
+// path's chunks past them add Q's zeros): the same bits.
 template <int R, int HC, typename Q, typename Rows>
 void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
   const std::int64_t full = t.n / kQkAcc * kQkAcc;
@@ -182,17 +183,19 @@ void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
   qk_rows<R>(t, q, full);
 }
 
-template <int R, int HC, typename Q>
+template <int R, int HC, bool kTail, typename Q>
 void qk_rows_fast_any(const DecodeQk& t, const Q& q) {
   const char* k0 = static_cast<const char*>(t.k);
-  if (t.k_dtype == DType::i8) return qk_rows_fast<R, HC>(t, q, Int8Rows{k0, t.ldk, t.k_scale, t.ld_scale});
-  qk_rows_fast<R, HC>(t, q, Bf16Rows{k0, t.ldk * 2});
+  if (t.k_dtype == DType::i8) return qk_rows_fast<R, HC>(t, q, Int8Rows<kTail>{k0, t.ldk, t.k_scale, t.ld_scale, t.H});
+  qk_rows_fast<R, HC>(t, q, Bf16Rows<kTail>{k0, t.ldk * 2, t.H});
 }
 
 template <int R, typename Q>
 void qk_rows_any(const DecodeQk& t, const Q& q) {
   const bool fast = t.k_dtype == DType::bf16 || t.k_dtype == DType::i8;
-  if (!(fast && with_whole_chunks(t.H, [&](auto hc) { qk_rows_fast_any<R, decltype(hc)::value>(t, q); })))
+  if (!(fast && with_fast_chunks(t.H, [&](auto hc, auto tail) {
+          qk_rows_fast_any<R, decltype(hc)::value, decltype(tail)::value>(t, q);
+        })))
     qk_rows<R>(t, q, 0);
 }
 
@@ -246,7 +249,7 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 #pragma GCC unroll 8
     for (int j = 0; j < KG; ++j) {
       if (j >= nj) break;
-      const __m256i kc = load16_i8<kWhole>(k + (j0 + j) * t.ldk + kChunk * c, t.H - kChunk * c);
+      const __m256i kc = load16_i8<kWhole>(k + (j0 + j) * t.ldk, std::int64_t{kChunk} * c, t.H);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r)
         acc[r * KG + j] = _mm256_add_epi32(
@@ -275,11 +278,12 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
                    _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(rows)), _mm256_load_ps(keys)));
 }
 
-// S[r][j] for all j < round_up(n, 16): where H is a multiple of 16 (HC >= 0, with_whole_chunks), whole
-// groups of 8 keys over the HC chunks inside H (HC = 0: H / 16, a count at run time), then the rest
-// chunk by chunk over Hp (the generic path; HC = -1: every key). The int32 sums are exact, so the
-// chunks past H (Q's zeros) change nothing.
-template <int R, int HC>
+// S[r][j] for all j < round_up(n, 16), over the HC chunks that hold a value of the row (with_fast_chunks;
+// HC = 0: ceil(H / 16), a count at run time; kTail: the last one partial): whole groups of 8 keys
+// whose chunks are all whole (not kTail), then the rest (the last partial group, the zero keys, every
+// group where kTail) masked. The int32 sums are exact, so the chunks past H (Q's zeros) would change
+// nothing.
+template <int R, int HC, bool kTail>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
   const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) {
     row_blocks<R, 8>([&](auto rb, int r0) {
@@ -289,13 +293,15 @@ void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) 
         qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj, nc);
     });
   };
+  const int nc = chunks_of<HC>(t.H);
   std::int64_t j0 = 0;
-  if constexpr (HC >= 0)
+  // With a partial last chunk every group goes as the last one: its whole groups with the key count a
+  // constant took 1.3x the time (H = 72 on Zen 3, docs/performance.md, session 17).
+  if constexpr (!kTail)
     for (; j0 + kQkAcc <= t.n; j0 += kQkAcc)
-      group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{}, chunks_of<HC>(t.H));
+      group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{}, nc);
   for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc)
-    group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{},
-          static_cast<int>(t.Hp / kChunk));
+    group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{}, nc);
 }
 
 // decode_qk_rows for int8 K in the integers form where H <= kSplitMaxHp and the Q rows are finite;
@@ -307,8 +313,9 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   if (!quantize_q_rows(qi, factor, t)) return false;
   with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
     constexpr int R = decltype(r)::value;
-    if (!with_whole_chunks(t.H, [&](auto hc) { qk_rows_i8<R, decltype(hc)::value>(t, qi, factor); }))
-      qk_rows_i8<R, -1>(t, qi, factor);
+    with_fast_chunks(t.H, [&](auto hc, auto tail) {
+      qk_rows_i8<R, decltype(hc)::value, decltype(tail)::value>(t, qi, factor);
+    });
   });
   return true;
 }
@@ -320,12 +327,12 @@ void qk_rows_converted(const DecodeQk& t, const Q& q) {
   alignas(32) std::uint16_t rows[kConvertKeys * kConvertMaxH];
   for (std::int64_t j0 = 0; j0 < t.n; j0 += kConvertKeys) {
     const std::int64_t n = t.n - j0 < kConvertKeys ? t.n - j0 : kConvertKeys;
-    rows_to_bf16(rows, t.H, t.k, t.k_dtype, t.ldk, j0, n, t.H);
+    rows_to_bf16(rows, converted_ld(t.H), t.k, t.k_dtype, t.ldk, j0, n, t.H);
     DecodeQk piece = t;
     piece.s = t.s + j0;
     piece.k = rows;
     piece.k_dtype = DType::bf16;
-    piece.ldk = t.H;
+    piece.ldk = converted_ld(t.H);
     piece.n = n;
     with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(piece, q); });
   }
