@@ -82,23 +82,14 @@ struct Int8Rows {
 };
 
 // Values h0 .. h0 + 16 of an int8 row sign-extended to int16, zero from H on; no byte past row + H is
-// read. kWhole: the caller knows all 16 are inside the row (a chunk below H, a multiple of 16), and H
+// read. kWhole: the caller knows all 16 are inside the row (a chunk that ends at or before H), and H
 // is not looked at. A partial chunk of a row of 16 values or more is read as the 16 bytes that end at
-// row + H, shifted down (one load and one shuffle). The integers form's loads.
+// row + H, shifted down (bytes_ending_at). The integers form's loads.
 template <bool kWhole>
 inline __m256i load16_i8(const char* row, std::int64_t h0, std::int64_t H) {
   const std::int64_t left = H - h0;
   if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0)));
-  if (left > 0 && H >= kChunk) {
-    // Byte i of the result is byte 16 - left + i of the load (i < left), else zero (index -128).
-    alignas(16) static constexpr std::int8_t kDown[2 * kChunk] = {0,    1,    2,    3,    4,    5,    6,    7,
-                                                                  8,    9,    10,   11,   12,   13,   14,   15,
-                                                                  -128, -128, -128, -128, -128, -128, -128, -128,
-                                                                  -128, -128, -128, -128, -128, -128, -128, -128};
-    const __m128i end = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + H - kChunk));
-    const __m128i down = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDown + kChunk - left));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(end, down));
-  }
+  if (left > 0 && H >= kChunk) return _mm256_cvtepi8_epi16(bytes_ending_at(row + H, left));
   alignas(16) char buf[kChunk] = {};
   for (std::int64_t h = 0; h < left; ++h) buf[h] = row[h0 + h];
   return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));

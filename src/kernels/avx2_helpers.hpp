@@ -85,18 +85,29 @@ inline __m256i bf16_words(__m256 a, __m256 b) {
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
 }
 
-// The words x[0 .. left) in order, zero from word `left` on (left < 16); nothing at or past x + left is
-// read (a masked load of the whole pairs, then the odd last word).
-inline __m256i load_words_below(const std::uint16_t* x, std::int64_t left) {
+// The n bytes before `end` (n <= 16) as bytes 0 .. n of the result, zero from byte n on: the 16 bytes
+// that end at `end` (all 16 must be readable), shifted down by one vpshufb (index -128: zero).
+inline __m128i bytes_ending_at(const char* end, std::int64_t n) {
+  alignas(16) static constexpr std::int8_t kDown[32] = {0,    1,    2,    3,    4,    5,    6,    7,    8,    9,    10,
+                                                        11,   12,   13,   14,   15,   -128, -128, -128, -128, -128, -128,
+                                                        -128, -128, -128, -128, -128, -128, -128, -128, -128, -128};
+  return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(end - 16)),
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(kDown + 16 - n)));
+}
+
+// Words h0 .. h0 + 16 of a row of H 16-bit words (H - h0 < 16) in order, zero from word H on; nothing
+// past row + H is read: plain loads that end at row + H, shifted down (no masked load, whose masked-off
+// lanes may fault on some implementations), a copy where the row holds fewer than 8 words.
+inline __m256i load_words_below(const std::uint16_t* row, std::int64_t h0, std::int64_t H) {
+  const std::int64_t left = H - h0;
   if (left <= 0) return _mm256_setzero_si256();
-  const __m256i pairs = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left / 2)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256i w = _mm256_maskload_epi32(reinterpret_cast<const int*>(x), pairs);
-  if (left % 2 != 0) {
-    const __m256i last = _mm256_cmpeq_epi16(_mm256_set1_epi16(static_cast<short>(left - 1)),
-                                            _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    w = _mm256_or_si256(w, _mm256_and_si256(last, _mm256_set1_epi16(static_cast<short>(x[left - 1]))));
-  }
-  return w;
+  const char* end = reinterpret_cast<const char*>(row + H);
+  if (left >= 8)
+    return _mm256_set_m128i(bytes_ending_at(end, 2 * (left - 8)), _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0)));
+  if (H >= 8) return _mm256_zextsi128_si256(bytes_ending_at(end, 2 * left));
+  alignas(32) std::uint16_t buf[16] = {};
+  for (std::int64_t i = 0; i < left; ++i) buf[i] = row[h0 + i];
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buf));
 }
 
 // The 16 operands row[h0 .. h0+16) as bf16 words (element h0 + i in word i), zero at or beyond H: bf16
@@ -105,7 +116,7 @@ inline __m256i load_words_below(const std::uint16_t* x, std::int64_t left) {
 inline __m256i load16_bf16(const char* row, DType dtype, std::int64_t h0, std::int64_t H, float scale) {
   if (dtype == DType::bf16)
     return h0 + 16 <= H ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const std::uint16_t*>(row) + h0))
-                        : load_words_below(reinterpret_cast<const std::uint16_t*>(row) + h0, H - h0);
+                        : load_words_below(reinterpret_cast<const std::uint16_t*>(row), h0, H);
   __m256 a = load8_f32(row, dtype, h0, H), b = load8_f32(row, dtype, h0 + 8, H);
   if (dtype == DType::i8) {  // the products, zero past H even for an infinite or NaN scale (0 * inf)
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

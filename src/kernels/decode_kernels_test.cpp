@@ -31,11 +31,11 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
-// 40 and 57: a partial chunk (of 8 values, and of an odd 9; avx2's fast paths read it masked); 48 and
+// 40, 57, 100: a partial chunk (of 8 values, an odd 9, and 4; avx2's fast paths read it masked); 48 and
 // 80: whole 16-value chunks but Hp = 64 and 96 (avx2's last chunk past the row; its fast paths on 3
 // and 5 chunks, a count at run time); 64, 128, 256: the fast paths; 96: three 32-column chunks (amx
 // tiles; on avx2 a fast path); 288: Hp past the FMA kernels' split Q rows and the amx tiles.
-constexpr int kHs[] = {40, 48, 57, 64, 80, 96, 128, 256, 288};
+constexpr int kHs[] = {40, 48, 57, 64, 80, 96, 100, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // Every set with decode kernels this machine runs: the paths' own (decode_kernels_for), and on
@@ -421,8 +421,8 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
 // one key each (no whole group of 8, so the generic path), and O after one call against calls of two
 // keys each (no whole 16, the generic path again; corr with the first), which the paged path relies on
 // as well (a logit is its own key's; each O element takes its keys one by one in increasing order).
-// For every H of kHs (fast: 64, 96, 128, 256 unrolled, 48 and 80 counted at run time, 40 and 57 with a
-// masked last chunk, and bf16 P.V at 288; Q.K at 288 generic on both sides), bf16, f16, f32 and int8
+// For every H of kHs (fast: 64, 96, 128, 256 unrolled, 48 and 80 counted at run time, 40, 57 and 100
+// with a masked last chunk, and bf16 P.V at 288; Q.K at 288 generic on both sides), bf16, f16, f32 and int8
 // rows (Q.K only: int8's P.V quantizes per 16 keys of a call) in both int8 forms (the products form
 // where a Q row holds a NaN: the other rows then), every row count.
 TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {

@@ -233,8 +233,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
 }
 
 // S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
-// counted at run time: the generic path's Hp / 16, or the fast path's H / 16), keys one by one with
-// the block's Q chunk per row from L1.
+// counted at run time: ceil(H / 16)), keys one by one with the block's Q chunk per row from L1.
 template <int RB, int kNc, bool kWhole>
 inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
                                                        int r0, std::int64_t j0, int nj, int nc) {
@@ -307,7 +306,7 @@ void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) 
 // decode_qk_rows for int8 K in the integers form where H <= kSplitMaxHp and the Q rows are finite;
 // false (nothing done) otherwise.
 inline bool decode_qk_rows_i8(const DecodeQk& t) {
-  if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp) return false;
+  if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp || t.H <= 0) return false;
   alignas(32) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
   float factor[kDecodeMaxRows];
   if (!quantize_q_rows(qi, factor, t)) return false;
