@@ -96,8 +96,9 @@ inline __m256i load16_i8(const char* row, std::int64_t h0, std::int64_t H) {
 }
 
 // The fast paths take rows of any H <= Hp (Q is zero past H, so the chunks past it add nothing):
-// ceil(H / 16) chunks, the last one read through load16_bf16 where H is not a multiple of 16 (kTail;
-// Q.K's fast path only where Hp <= 256, the rows it splits once per call). with_fast_chunks(H, fn)
+// ceil(H / 16) chunks, the last one read masked where H is not a multiple of 16 (kTail: load16_bf16,
+// or load16_i8 in the integers form; Q.K's fast path only where Hp <= 256, the rows it splits once per
+// call). with_fast_chunks(H, fn)
 // calls fn(std::integral_constant<int, HC>{}, std::bool_constant<kTail>{}): HC = H / 16 for the widths
 // whose chunk loop is unrolled (H = 64, 96, 128, 256: every size a constant), HC = 0 for the others
 // (the count at run time, chunks_of), and returns false, calling nothing, for H <= 0. The one list of
