@@ -122,7 +122,7 @@ inline bool with_fast_chunks(std::int64_t H, Fn&& fn) {
 // The chunks of a row on a fast path: HC, or ceil(H / 16) where HC is 0.
 template <int HC>
 inline int chunks_of(std::int64_t H) {
-  return HC > 0 ? HC : static_cast<int>((H + kChunk - 1) / kChunk);
+  return HC > 0 ? HC : static_cast<int>(ceil_div(H, kChunk));
 }
 
 // f16 and f32 rows take the bf16 fast paths through an L1 buffer: kConvertKeys rows at a time become
@@ -139,7 +139,7 @@ inline bool converts_rows(DType dtype, std::int64_t H, std::int64_t Hp) {
 }
 
 // The words between the converted rows: H rounded up to whole chunks.
-inline std::int64_t converted_ld(std::int64_t H) { return (H + kChunk - 1) / kChunk * kChunk; }
+inline std::int64_t converted_ld(std::int64_t H) { return round_up(H, kChunk); }
 
 // Rows [j0, j0 + n) of `src` (f16 or f32, ld elements apart, H values each) as bf16 words at dst, ldd
 // per row (a multiple of 16, >= H; zero in [H, ldd); dst 32-byte aligned): load16_bf16's words (its

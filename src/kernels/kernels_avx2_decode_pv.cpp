@@ -322,7 +322,7 @@ void pv_rows_i16(const DecodePv& t) {
   const bool whole = t.H % kChunk == 0;  // every chunk's 16 values inside the row (else all but the last's)
   // The chunks that hold a value of the row: those past H would add V's zeros (left out, as the contract
   // allows, in columns never output).
-  const int nc = static_cast<int>((t.H + kChunk - 1) / kChunk);
+  const int nc = chunks_of<0>(t.H);
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);
     touch_rows(static_cast<const char*>(t.v), t.ldv, t.H, jg, jg + g.keys);
