@@ -1,0 +1,25 @@
+// flashgqa on NVIDIA GPUs (built only with -DFLASHGQA_CUDA=ON; Hopper, sm_90a): the seed's fused flash
+// attention forward, one thread block per (batch, kv head, block of query rows) holding all G query
+// heads of that kv head, so each K/V tile read from device memory serves G heads.
+#pragma once
+
+#include "flashgqa/flashgqa.hpp"
+
+namespace flashgqa::cuda {
+
+// out <- attention(q, k, v) on the GPU: the same shapes, strides and Options meaning as
+// flashgqa::attention, with every view's data a device pointer (cudaMalloc'd memory of the current
+// device). What this path takes today:
+//   q, k, v, out bfloat16, H in {64, 128, 256}, each row (h) contiguous and 16-byte aligned (the
+//   base pointer and every stride other than h's a multiple of 8 elements);
+//   Options::scale, causal and causal_offset; lse (float32, any strides) when given.
+// Every other option (window, softcap, sinks, packed sequences, Precision::f32, block sizes) and any
+// other dtype or head size throws Error before the launch, naming what was given and what is taken.
+// The work is queued on `stream` (a cudaStream_t; null = the default stream) and the call returns
+// without waiting; a launch failure throws Error with CUDA's message.
+void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+               const Options& options = {}, void* stream = nullptr);
+void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
+               const TensorView& v, const Options& options = {}, void* stream = nullptr);
+
+}  // namespace flashgqa::cuda
