@@ -7,15 +7,16 @@
 // warp owns m_tiles x 16 of the rows; its accumulators O (rows x H, fp32), the running max m and
 // sum l never leave registers (the seed's last rung: the KV loop inside, carries in fast memory).
 //
-// Per KV step of block_kv keys:
-//   wait for K_j in shared memory; start loading V_j (cp.async, overlaps the two products below)
+// Per KV step of block_kv keys (kv_step; FlashAttention-2's order):
+//   wait for K_j in shared memory; start loading V_j (cp.async; overlaps S = Q K_j^T)
 //   S = Q K_j^T           Q from shared memory by ldmatrix, K_j as the B operand (ldmatrix)
-//   mask (causal rows, keys past S), online softmax in registers (exp2, the scale folded in)
-//   wait for V_j; start loading K_{j+1} (overlaps P V_j)
+//   wait for V_j; start loading K_{j+1} (overlaps the softmax and P V_j)
+//   mask (only in steps some row does not fully see), online softmax in registers: 2^(s c - m c),
+//                         c = |scale| log2(e), one FMA per logit; O rescaled only when a max grew
 //   O += P V_j            P re-packed from S's accumulator registers as bf16 A fragments (no shared
 //                         memory round trip), V_j through ldmatrix.trans
-// Epilogue: O / l in bf16, lse = m ln 2 + ln l. Causal blocks stop at their last visible key, and
-// the heaviest row blocks are launched first.
+// Epilogue: O / l in bf16, lse = m c ln 2 + ln l. Causal blocks stop at their last visible key, and
+// the heaviest row blocks are launched first. Measured on an H200: docs/gpu.md.
 //
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by the row (chunk c of row r at
 // c ^ (r & 7)), so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
