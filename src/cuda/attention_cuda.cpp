@@ -1,7 +1,12 @@
 // flashgqa::cuda::attention: validates the views and options (make_problem, as the CPU path, then what
 // the CUDA kernel takes) and queues the flash forward (flash_forward.cu).
+#include <cuda_runtime.h>
+
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/problem.hpp"
 #include "cuda/flash_forward.hpp"
@@ -34,14 +39,40 @@ void refuse_unsupported(const Options& o) {
            " (expected 0, 0: the tiles are the kernel's)");
 }
 
-// Each row of `name` must start 16-byte aligned: the base pointer and every stride but h's.
-void check_rows_aligned(const char* name, const void* data, const std::int64_t* strides, int n) {
+// Each row of `name` must start 16-byte aligned: the base pointer and the stride of every dimension
+// but h's, where that dimension has more than one index (a stride never multiplied by a non-zero
+// index does not matter, and PyTorch keeps any stride there). An empty view is not read.
+void check_rows_aligned(const char* name, const void* data, const std::int64_t* strides,
+                        std::initializer_list<std::int64_t> extents) {
+  const std::int64_t* extent = extents.begin();
+  for (std::int64_t e : extents)
+    if (e == 0) return;
   if (reinterpret_cast<std::uintptr_t>(data) % 16 != 0)
     throw Error(kWho + name + "'s data pointer is not 16-byte aligned (expected cudaMalloc'd memory)");
-  for (int i = 0; i < n; ++i)
-    if (strides[i] % 8 != 0)
+  for (std::size_t i = 0; i < extents.size(); ++i)
+    if (extent[i] > 1 && strides[i] % 8 != 0)
       throw Error(kWho + name + " has stride " + std::to_string(strides[i]) + " in dimension " +
                   std::to_string(i) + ", expected a multiple of 8 elements (16-byte aligned rows)");
+}
+
+// Every pointer the kernel touches must be memory of the current device (cudaMalloc'd or managed):
+// a host pointer would otherwise fail inside the kernel, and that error sticks to the CUDA context.
+void check_device_memory(const ForwardParams& f) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess)
+    throw Error(kWho + "no CUDA device: " + cudaGetErrorString(cudaGetLastError()));
+  const void* no_keys = nullptr;  // S = 0: k and v are not read
+  const std::pair<const char*, const void*> pointers[] = {
+      {"q", f.q}, {"k", f.S > 0 ? f.k : no_keys}, {"v", f.S > 0 ? f.v : no_keys}, {"out", f.out}, {"lse", f.lse}};
+  for (auto [name, ptr] : pointers) {
+    if (ptr == nullptr) continue;  // lse not asked for, or k and v not read
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess)
+      throw Error(kWho + name + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(cudaGetLastError()));
+    if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device != device)
+      throw Error(kWho + name + " is not memory of the current device " + std::to_string(device) +
+                  " (expected cudaMalloc'd or managed device memory)");
+  }
 }
 
 }  // namespace
@@ -57,11 +88,17 @@ ForwardParams make_forward_params(const TensorView& out, const TensorView* lse, 
   forward_tiles(p.H, &n_tiles);
   if (n_tiles == 0)
     throw Error(kWho + "head size H = " + std::to_string(p.H) + ", expected 64, 128 or 256");
-  if (p.S > 0x7fffffff) throw Error(kWho + "S = " + std::to_string(p.S) + ", expected at most 2^31 - 1");
-  check_rows_aligned("q", p.q, p.q_stride, 4);
-  check_rows_aligned("k", p.k, p.k_stride, 3);
-  check_rows_aligned("v", p.v, p.v_stride, 3);
-  check_rows_aligned("out", p.out, p.out_stride, 4);
+  if (p.S > kMaxKeys)
+    throw Error(kWho + "S = " + std::to_string(p.S) + ", expected at most " + std::to_string(kMaxKeys));
+  // The kernel works in c = |scale| log2(e) (flash_forward.cu).
+  if (!std::isfinite(static_cast<float>(std::fabs(static_cast<double>(p.scale)) * 1.4426950408889634)))
+    throw Error(kWho + "scale " + std::to_string(p.scale) + ": |scale| log2(e) overflows float, expected |scale| < 2.3e38");
+  check_rows_aligned("q", p.q, p.q_stride, {p.B, p.K, p.G, p.T});
+  check_rows_aligned("k", p.k, p.k_stride, {p.B, p.K, p.S});
+  check_rows_aligned("v", p.v, p.v_stride, {p.B, p.K, p.S});
+  check_rows_aligned("out", p.out, p.out_stride, {p.B, p.K, p.G, p.T});
+  if (p.lse != nullptr && reinterpret_cast<std::uintptr_t>(p.lse) % alignof(float) != 0)
+    throw Error(kWho + "lse's data pointer is not 4-byte aligned (expected float32 elements)");
 
   ForwardParams f;
   f.B = p.B, f.K = p.K, f.G = p.G, f.T = p.T, f.S = p.S, f.H = p.H;
@@ -83,14 +120,24 @@ ForwardParams make_forward_params(const TensorView& out, const TensorView* lse, 
   return f;
 }
 
+namespace {
+
+void run(const ForwardParams& f, void* stream) {
+  if (f.B * f.K * f.G * f.T == 0) return;  // nothing to read or write
+  check_device_memory(f);
+  launch_flash_forward(f, stream);
+}
+
+}  // namespace
+
 void attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
                const Options& options, void* stream) {
-  launch_flash_forward(make_forward_params(out, nullptr, q, k, v, options), stream);
+  run(make_forward_params(out, nullptr, q, k, v, options), stream);
 }
 
 void attention(const TensorView& out, const TensorView& lse, const TensorView& q, const TensorView& k,
                const TensorView& v, const Options& options, void* stream) {
-  launch_flash_forward(make_forward_params(out, &lse, q, k, v, options), stream);
+  run(make_forward_params(out, &lse, q, k, v, options), stream);
 }
 
 }  // namespace flashgqa::cuda

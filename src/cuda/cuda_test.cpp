@@ -1,12 +1,17 @@
 // flashgqa_cuda_test: the CUDA forward against the float64 reference, on random inputs of awkward
 // shapes (no size a multiple of a tile, T != S, G = 1, H = 64/128/256, B K beyond the multiprocessors'
-// blocks, rows that see no key, S = 0), every compiled tile of each H, with and without lse; outputs
-// poisoned with NaN before each run, so an unwritten element fails. Also: the same bits twice and in
-// both layouts (the arithmetic does not depend on strides), and the refusals (Error, before any
-// launch). Needs a CUDA GPU; prints a line per check and exits 1 if any failed.
+// blocks, rows that see no key, S = 0, causal offsets past every clamp, a NaN input), every compiled
+// tile of each H, with and without lse; out and lse poisoned with NaN before each run, so an
+// unwritten element fails. Also: the same bits twice, through the public entry point on a stream of
+// its own, and in both layouts (the arithmetic does not depend on strides); the refusals (Error,
+// before any launch; the ones that need no device run first, so they also run without a GPU).
+// Needs a CUDA GPU for the rest; prints a line per check and exits 1 if any failed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -62,21 +67,34 @@ TensorView on_device(TensorView view, const void* host, const DeviceBuffer& devi
   return view;
 }
 
-// Runs the CUDA forward on a fresh device copy of c (out and lse poisoned with NaN) and copies the
-// results back into c.
-void run_on_device(AttentionCase& c, const Options& options, ForwardTile tile, bool with_lse) {
-  const float nan = std::nanf("");
-  std::fill(c.lse_buf.begin(), c.lse_buf.end(), nan);
+// Runs the CUDA forward on a fresh device copy of c (out and lse poisoned with NaN: 0xffff is a
+// bf16 NaN) and copies the results back into c. public_api: through flashgqa::cuda::attention on a
+// stream of its own, with the default tile (`tile` unused); else the launcher with `tile`.
+void run_on_device(AttentionCase& c, const Options& options, ForwardTile tile, bool with_lse,
+                   bool public_api = false) {
+  std::fill(c.out_buf.begin(), c.out_buf.end(), std::byte{0xff});
+  std::fill(c.lse_buf.begin(), c.lse_buf.end(), std::nanf(""));
   DeviceBuffer q(c.q_buf.data(), c.q_buf.size()), k(c.k_buf.data(), c.k_buf.size()),
       v(c.v_buf.data(), c.v_buf.size()), out(c.out_buf.data(), c.out_buf.size()),
       lse(c.lse_buf.data(), c.lse_buf.size() * sizeof(float));
   const TensorView d_out = on_device(c.out, c.out_buf.data(), out), d_q = on_device(c.q, c.q_buf.data(), q),
                    d_k = on_device(c.k, c.k_buf.data(), k), d_v = on_device(c.v, c.v_buf.data(), v),
                    d_lse = on_device(c.lse, c.lse_buf.data(), lse);
-  ForwardParams p = make_forward_params(d_out, with_lse ? &d_lse : nullptr, d_q, d_k, d_v, options);
-  p.tile = tile;
-  launch_flash_forward(p, nullptr);
-  cuda_check(cudaDeviceSynchronize(), "the kernel");
+  if (public_api) {
+    cudaStream_t stream = nullptr;
+    cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    if (with_lse)
+      flashgqa::cuda::attention(d_out, d_lse, d_q, d_k, d_v, options, stream);
+    else
+      flashgqa::cuda::attention(d_out, d_q, d_k, d_v, options, stream);
+    cuda_check(cudaStreamSynchronize(stream), "the kernel on its stream");
+    cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  } else {
+    ForwardParams p = make_forward_params(d_out, with_lse ? &d_lse : nullptr, d_q, d_k, d_v, options);
+    p.tile = tile;
+    launch_flash_forward(p, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "the kernel");
+  }
   out.copy_to(c.out_buf.data());
   lse.copy_to(c.lse_buf.data());
 }
@@ -98,6 +116,7 @@ struct Case {
   std::optional<std::int64_t> causal_offset;
   Layout layout = Layout::contiguous;
   std::optional<double> scale = std::nullopt;  // default 1 / sqrt(H)
+  bool nan_key = false;                          // a NaN planted in one key of kv head 0
 };
 
 std::string describe(const Case& k, ForwardTile tile, bool with_lse) {
@@ -121,6 +140,7 @@ void check_case(const Case& k, std::uint64_t seed) {
   int n_tiles = 0;
   const ForwardTile* tiles = forward_tiles(k.shape.H, &n_tiles);
   AttentionCase c = testing::make_case(k.shape, DType::bf16, DType::bf16, k.layout, seed);
+  if (k.nan_key) c.set_k(0, 0, k.shape.S / 2, 3, std::nanf(""));  // the rows that see it: NaN, not empty
   const Problem host = make_problem(c.out, &c.lse, c.q, c.k, c.v, options);
   const ReferenceResult ref = reference_attention(host);
   std::vector<float> first;
@@ -145,6 +165,11 @@ void check_case(const Case& k, std::uint64_t seed) {
                describe(k, tiles[i], with_lse) + ": the same bits on a second run");
       }
     }
+  if (k.shape.T > 0) {  // the public entry point: the default tile's bits
+    run_on_device(c, options, tiles[0], true, true);
+    expect(testing::bitwise_equal(first, c.out_and_lse_values()),
+           describe(k, tiles[0], true) + ": the same bits through flashgqa::cuda::attention on a stream");
+  }
   if (k.layout == Layout::contiguous) {  // the same bits from FlashAttention's layout
     AttentionCase f = testing::make_case(k.shape, DType::bf16, DType::bf16, Layout::fa, seed);
     run_on_device(f, options, tiles[0], true);
@@ -192,6 +217,23 @@ void check_refusals() {
   expect_error("H = 96", [&] { flashgqa::cuda::attention(h96.out, h96.q, h96.k, h96.v); }, "H = 96");
   AttentionCase pad = testing::make_case({1, 2, 2, 9, 17, 64}, DType::bf16, DType::bf16, Layout::padded, 7);
   expect_error("rows not 16-byte aligned", [&] { flashgqa::cuda::attention(pad.out, pad.q, pad.k, pad.v); }, "multiple of 8");
+  o = {};
+  o.scale = 3e38;  // finite as a float, but |scale| log2(e) is not
+  expect_error("scale 3e38", [&] { call(o); }, "overflows");
+  TensorView lse_off = c.lse;
+  lse_off.data = static_cast<char*>(lse_off.data) + 2;
+  expect_error("lse not 4-byte aligned", [&] { make_forward_params(c.out, &lse_off, c.q, c.k, c.v, {}); },
+               "lse's data pointer");
+  // A stride of a dimension with one index is never used: any value is taken (as PyTorch keeps it).
+  TensorView q_odd = c.q;
+  q_odd.stride[0] = 3;
+  bool taken = true;
+  try {
+    make_forward_params(c.out, &c.lse, q_odd, c.k, c.v, {});
+  } catch (const Error&) {
+    taken = false;
+  }
+  expect(taken, "an odd stride of q's size-1 batch dimension is taken");
   expect_error("mismatched shapes (make_problem's own checks)",
                [&] { flashgqa::cuda::attention(c.out, c.q, c.k, h96.v); }, "v: shape");
 }
@@ -226,9 +268,20 @@ int main() {
       {{2, 1, 1, 300, 301, 256}, true, bottom_right, plain},
       {{1, 2, 4, 77, 300, 128}, true, bottom_right, plain, -0.3},  // a negative scale: Q enters negated
       {{2, 3, 1, 100, 37, 64}, true, bottom_right, plain, 0.0},    // scale 0: the mean of the visible v
+      {{1, 2, 4, 40, 30, 64}, true, bottom_right, plain},  // T > S with G = 4: empty rows among full ones
+      {{1, 2, 2, 50, 60, 128}, true, INT64_MIN, plain},    // offsets past the clamps: no key at all
+      {{1, 2, 2, 50, 60, 128}, true, INT64_MAX, plain},    // every key
+      {{1, 2, 2, 50, 60, 128}, true, -1000000, plain},
+      {{1, 2, 2, 50, 60, 128}, true, 200, plain},          // past S
+      {{1, 2, 3, 33, 90, 128}, true, bottom_right, plain, std::nullopt, true},  // NaN in: NaN out
       {{1, 1, 2, 5, 0, 64}, false, bottom_right, plain},   // S = 0: out 0, lse -inf
       {{1, 2, 3, 0, 9, 128}, false, bottom_right, plain},  // T = 0: nothing to do
   };
+  {
+    flashgqa::testing::AttentionCase h = flashgqa::testing::make_case(
+        {1, 2, 2, 9, 17, 128}, flashgqa::DType::bf16, flashgqa::DType::bf16, flashgqa::testing::Layout::contiguous, 7);
+    expect_error("host memory", [&] { flashgqa::cuda::attention(h.out, h.q, h.k, h.v); }, "not memory of the current device");
+  }
   std::uint64_t seed = 1000;
   for (const Case& k : cases) check_case(k, seed++);
   std::printf("%s: %d failed\n", g_failures == 0 ? "PASSED" : "FAILED", g_failures);

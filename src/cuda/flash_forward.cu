@@ -32,6 +32,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/int_math.hpp"
 #include "cuda/flash_forward.hpp"
 #include "flashgqa/flashgqa.hpp"
 
@@ -42,6 +43,9 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2(e))
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): ln(2^y) = y ln(2)
+constexpr std::uint32_t kBf16x2SignBits = 0x80008000u;  // the sign bits of two bf16 in one word
 
 // ---- PTX wrappers ----------------------------------------------------------------------------------
 
@@ -308,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
       const int c = static_cast<int>(threadIdx.x) + i * kThreads;
       unsigned char* chunk = smem + tile_offset<kChunks>(c / kChunks, c % kChunks);
       uint4 x = *reinterpret_cast<uint4*>(chunk);
-      x.x ^= 0x80008000u, x.y ^= 0x80008000u, x.z ^= 0x80008000u, x.w ^= 0x80008000u;
+      x.x ^= kBf16x2SignBits, x.y ^= kBf16x2SignBits, x.z ^= kBf16x2SignBits, x.w ^= kBf16x2SignBits;
       *reinterpret_cast<uint4*>(chunk) = x;
     }
   }
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 #pragma unroll
       for (int i = 0; i < 4; ++i) st.o[mt][nt][i] = 0.0f;
   }
-  const float c = fabsf(p.scale) * 1.4426950408889634f;
+  const float c = fabsf(p.scale) * kLog2e;
 
   // Steps whose keys every row sees, then those that need the mask.
   const int n_blocks = (kv_end + kBc - 1) / kBc;
@@ -360,7 +364,9 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
       const std::int64_t row = m0 + warp * 16 * kMTiles + mt * 16 + half * 8 + lane / 4;
       if (row >= rows) continue;
       const std::int64_t t = row / p.G, g = row % p.G;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      // A row saw no key when its sum is 0 (the CPU's finish_row says the same); a NaN sum is not empty.
+      const bool empty = sum == 0.0f;
+      const float inv = empty ? 0.0f : 1.0f / sum;
       bf16* dst = out + g * p.out_stride[2] + t * p.out_stride[3] + (lane % 4) * 2;
 #pragma unroll
       for (int nt = 0; nt < kOTiles; ++nt)
@@ -368,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
             __floats2bfloat162_rn(st.o[mt][nt][2 * half] * inv, st.o[mt][nt][2 * half + 1] * inv);
       if (p.lse != nullptr && lane % 4 == 0)
         p.lse[b * p.lse_stride[0] + kh * p.lse_stride[1] + g * p.lse_stride[2] + t * p.lse_stride[3]] =
-            sum > 0.0f ? st.m[mt][half] * c * 0.6931471805599453f + logf(sum) : -INFINITY;
+            empty ? -INFINITY : st.m[mt][half] * c * kLn2 + logf(sum);
     }
 }
 
@@ -379,6 +385,8 @@ void check(cudaError_t e, const char* what) {
     throw Error(std::string("flashgqa::cuda::attention: ") + what + " failed: " + cudaGetErrorString(e));
 }
 
+constexpr std::int64_t kMaxBlocks = 0x7fffffff;  // a grid's x dimension
+
 template <int H, int kMTiles, int kBc>
 void launch(const ForwardParams& p, cudaStream_t stream) {
   constexpr int kBr = kWarps * 16 * kMTiles;
@@ -386,8 +394,8 @@ void launch(const ForwardParams& p, cudaStream_t stream) {
   auto* kernel = flash_forward_kernel<H, kMTiles, kBc>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
         "cudaFuncSetAttribute");
-  const std::int64_t blocks = (p.G * p.T + kBr - 1) / kBr * p.B * p.K;
-  if (blocks > 0x7fffffff)
+  const std::int64_t blocks = ceil_div(p.G * p.T, kBr) * p.B * p.K;
+  if (blocks > kMaxBlocks)
     throw Error("flashgqa::cuda::attention: " + std::to_string(blocks) +
                 " thread blocks (B K ceil(G T / " + std::to_string(kBr) + ")); at most 2^31 - 1 are launched");
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(p);

@@ -10,11 +10,15 @@ namespace flashgqa::cuda {
 
 // One tile shape of the kernel: each of its 4 warps holds m_tiles x 16 query rows (the block holds
 // 64 m_tiles rows of the flattened (t, g) axis), and each KV step loads block_kv keys of K and V into
-// shared memory. Which shapes exist: flash_forward_tiles().
+// shared memory. Which shapes exist: forward_tiles().
 struct ForwardTile {
   int m_tiles = 0;
   int block_kv = 0;
 };
+
+// The largest S the kernel takes: its key indices are int, and a step's keys end up to one tile past
+// the last key.
+constexpr std::int64_t kMaxKeys = 0x7fffffff - 256;
 
 struct ForwardParams {
   std::int64_t B = 0, K = 0, G = 0, T = 0, S = 0, H = 0;
