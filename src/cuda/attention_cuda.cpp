@@ -11,6 +11,7 @@
 #include "core/problem.hpp"
 #include "cuda/flash_forward.hpp"
 #include "flashgqa/cuda.hpp"
+#include "kernels/exp_poly.hpp"
 
 namespace flashgqa::cuda {
 namespace {
@@ -90,8 +91,8 @@ ForwardParams make_forward_params(const TensorView& out, const TensorView* lse, 
     throw Error(kWho + "head size H = " + std::to_string(p.H) + ", expected 64, 128 or 256");
   if (p.S > kMaxKeys)
     throw Error(kWho + "S = " + std::to_string(p.S) + ", expected at most " + std::to_string(kMaxKeys));
-  // The kernel works in c = |scale| log2(e) (flash_forward.cu).
-  if (!std::isfinite(static_cast<float>(std::fabs(static_cast<double>(p.scale)) * 1.4426950408889634)))
+  // The kernel works in c = |scale| log2(e), this product in float (flash_forward.cu).
+  if (!std::isfinite(std::fabs(p.scale) * exp_poly::kLog2e))
     throw Error(kWho + "scale " + std::to_string(p.scale) + ": |scale| log2(e) overflows float, expected |scale| < 2.3e38");
   check_rows_aligned("q", p.q, p.q_stride, {p.B, p.K, p.G, p.T});
   check_rows_aligned("k", p.k, p.k_stride, {p.B, p.K, p.S});

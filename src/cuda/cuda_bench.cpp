@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/problem.hpp"
 #include "cuda/flash_forward.hpp"
 
 namespace {
@@ -113,14 +114,6 @@ struct Workload {
   bool causal;
 };
 
-// Visible (query, key) pairs of one head, bottom-right causal as the library's default.
-double visible_pairs(const Workload& w) {
-  if (!w.causal) return double(w.T) * double(w.S);
-  double n = 0;
-  for (std::int64_t t = 0; t < w.T; ++t) n += double(std::clamp<std::int64_t>(t + w.S - w.T + 1, 0, w.S));
-  return n;
-}
-
 void bench_flash(const Workload& w, bool all_tiles, int reps, double peak, FILE* csv) {
   const std::size_t nq = std::size_t(w.B * w.K * w.G * w.T * w.H), nkv = std::size_t(w.B * w.K * w.S * w.H);
   __nv_bfloat16* q = random_device_bf16(nq, 3);
@@ -140,9 +133,11 @@ void bench_flash(const Workload& w, bool all_tiles, int reps, double peak, FILE*
   flashgqa::Options options;
   options.causal = w.causal;
   const ForwardParams base = flashgqa::cuda::make_forward_params(ov, &lv, qv, kv, vv, options);
+  // Visible (query, key) pairs of one head, as the library counts them (bottom-right causal).
+  const double pairs = double(flashgqa::make_problem(ov, &lv, qv, kv, vv, options).visible_pairs());
   int n_tiles = 0;
   const ForwardTile* tiles = flashgqa::cuda::forward_tiles(w.H, &n_tiles);
-  const double flops = 4.0 * double(w.B * w.K * w.G * w.H) * visible_pairs(w);
+  const double flops = 4.0 * double(w.B * w.K * w.G * w.H) * pairs;
   for (int i = 0; i < (all_tiles ? n_tiles : 1); ++i) {
     ForwardParams p = base;
     p.tile = tiles[i];

@@ -34,6 +34,7 @@
 
 #include "core/int_math.hpp"
 #include "cuda/flash_forward.hpp"
+#include "kernels/exp_poly.hpp"
 #include "flashgqa/flashgqa.hpp"
 
 namespace flashgqa::cuda {
@@ -43,7 +44,6 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2(e))
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2): ln(2^y) = y ln(2)
 constexpr std::uint32_t kBf16x2SignBits = 0x80008000u;  // the sign bits of two bf16 in one word
 
@@ -99,8 +99,11 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return u;
 }
 
-// x clamped to [0, n].
-__device__ __forceinline__ std::int64_t clamp_to(std::int64_t x, std::int64_t n) { return x < 0 ? 0 : x > n ? n : x; }
+// The end of the keys query t sees under a causal mask: t + offset + 1 clamped to [0, S].
+__device__ __forceinline__ int causal_end(const ForwardParams& p, std::int64_t t) {
+  const std::int64_t end = t + p.causal_offset + 1;
+  return static_cast<int>(end < 0 ? 0 : end > p.S ? p.S : end);
+}
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of kChunks chunks per row.
 template <int kChunks>
@@ -321,8 +324,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
   const std::int64_t t_first = m0 / p.G, t_last = ((m0 + kBr < rows ? m0 + kBr : rows) - 1) / p.G;
   int kv_end = S, full_end = S;
   if (p.causal) {
-    kv_end = static_cast<int>(clamp_to(t_last + p.causal_offset + 1, p.S));
-    full_end = static_cast<int>(clamp_to(t_first + p.causal_offset + 1, p.S));
+    kv_end = causal_end(p, t_last);
+    full_end = causal_end(p, t_first);
   }
   RowState<H, kMTiles> st;
 #pragma unroll
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
       // This thread's rows: C fragment rows g and g + 8 of each of its m tiles.
       const std::int64_t row = m0 + warp * 16 * kMTiles + mt * 16 + half * 8 + lane / 4;
       st.row_end[mt][half] =
-          p.causal && row < rows ? static_cast<int>(clamp_to(row / p.G + p.causal_offset + 1, p.S)) : S;
+          p.causal && row < rows ? causal_end(p, row / p.G) : S;
       st.m[mt][half] = -INFINITY;
       st.l[mt][half] = 0.0f;
     }
@@ -341,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_forward_kernel(const __grid
 #pragma unroll
       for (int i = 0; i < 4; ++i) st.o[mt][nt][i] = 0.0f;
   }
-  const float c = fabsf(p.scale) * kLog2e;
+  const float c = fabsf(p.scale) * exp_poly::kLog2e;
 
   // Steps whose keys every row sees, then those that need the mask.
   const int n_blocks = (kv_end + kBc - 1) / kBc;
