@@ -27,7 +27,9 @@
 // same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
-// inside one page at its own address. Blocks start at multiples of kPageAlign keys (a task's first
+// inside one page at its own address; pages under kGatherPagesBelow keys are one call per block, on
+// the rows where they lie (bf16 rows on a set with decode_row_pieces: the kernels take each 16 keys'
+// address) or copied together first (for_each_piece). Blocks start at multiples of kPageAlign keys (a task's first
 // block is moved down to one, the extra keys masked), so every piece starts at a multiple of 16
 // columns of S and P; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key
 // order, so the pieces give the bits of one call over the same rows laid out densely.
@@ -120,6 +122,7 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 
 // Pages shorter than this are gathered (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
+static_assert(kPageAlign % kDecodePieceKeys == 0, "blocks start on a piece");
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
 // Overlap (see the top of the file): in pieces of this many keys.
@@ -152,23 +155,26 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
   return {base + b * st[0] + kh * st[1] + s * st[2], st[2]};
 }
 
-// f(j0, row, n, ld, scales) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one page
-// each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the piece's
-// first key relative to s0, row its first row, ld the elements between its rows, scales its keys'
-// (int8). Pages of fewer than
-// kGatherPagesBelow keys are first copied, as they are, into `gather` (when it is not null) and their
-// scales into `gather_scales` (one piece, ld = H): the kernels' fast paths take whole groups of 32 keys, and
-// per-piece calls on 16 keys cost more than the copy (docs/performance.md, KV cache). The same rows
-// in the same order, so the same bits.
+// f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
+// page each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the
+// piece's first key relative to s0, row its first row, ld the elements between its rows, scales its
+// keys' (int8), pieces null. Pages of fewer than kGatherPagesBelow keys (when `gather` is not null)
+// are one call instead, as per-piece calls on 16 keys cost more than a copy (the kernels' fast paths
+// take whole groups of 32 keys; docs/performance.md, KV cache):
+//   - bf16 rows, where the set has decode_row_pieces and `pieces` is not null: row null, and pieces
+//     the address of each 16 keys' rows (the kernels read them where they lie: no copy, and the
+//     kernels' loads overlap their arithmetic as on dense rows; docs/performance.md, session 19);
+//   - else the rows copied, as they are, into `gather` and their scales into `gather_scales` (ld = H).
+// The same rows in the same order, so the same bits.
 template <typename F>
 void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
                     std::int64_t s0, std::int64_t n, std::int64_t dense_piece, char* gather, float* gather_scales,
-                    F f) {
+                    const void** pieces, F f) {
   if (pages == nullptr) {
     const std::int64_t step = dense_piece > 0 ? dense_piece : n;
     for (std::int64_t j0 = 0; j0 < n; j0 += step)
       f(j0, is_k ? p.k_row(b, kh, s0 + j0) : p.v_row(b, kh, s0 + j0), std::min(step, n - j0),
-        is_k ? p.k_stride[2] : p.v_stride[2], key_scales(p, is_k, b, kh, s0 + j0));
+        is_k ? p.k_stride[2] : p.v_stride[2], key_scales(p, is_k, b, kh, s0 + j0), nullptr);
     return;
   }
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
@@ -182,6 +188,11 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   auto scales_at = [&](std::int64_t s) {
     return key_scales(p, is_k, pages->table[s / pages->page_size], kh, s % pages->page_size);
   };
+  if (gathered && pieces != nullptr && dtype == DType::bf16) {  // s0 is a multiple of kPageAlign
+    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys) pieces[j0 / kDecodePieceKeys] = row_at(s0 + j0);
+    f(0, nullptr, n, row_stride, PieceScales{}, pieces);
+    return;
+  }
   for (std::int64_t j0 = 0; j0 < n;) {
     const std::int64_t s = s0 + j0, len = std::min(n - j0, pages->page_size - s % pages->page_size);
     const char* row = row_at(s);
@@ -207,16 +218,17 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
       if (scales.scale != nullptr)
         for (std::int64_t j = 0; j < len; ++j) gather_scales[j0 + j] = scales.scale[j * scales.ld];
     } else {
-      f(j0, row, len, row_stride, scales);
+      f(j0, row, len, row_stride, scales, nullptr);
     }
     j0 += len;
   }
-  if (gathered) f(0, gather, n, p.H, PieceScales{(is_k ? p.k_scale : p.v_scale) != nullptr ? gather_scales : nullptr, 1});
+  if (gathered)
+    f(0, gather, n, p.H, PieceScales{(is_k ? p.k_scale : p.v_scale) != nullptr ? gather_scales : nullptr, 1}, nullptr);
 }
 
 // Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, k_bf16, v_bf16;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16;
   std::int64_t ld = 0;  // of S and P, in elements
   explicit Workspace(const std::vector<Plan>& plans) {
     std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
@@ -233,6 +245,7 @@ struct Workspace {
     if (gather_bytes > 0) {
       gather.reset(static_cast<std::size_t>(gather_bytes));
       gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
+      pieces.reset(static_cast<std::size_t>(ceil_div(gather_keys, kDecodePieceKeys)) * sizeof(const void*));
     }
     if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
     if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
@@ -262,21 +275,25 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const bool overlap =
       plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
   const std::int64_t piece = overlap ? kOverlapKeys : 0;
+  // Small pages' bf16 rows where they lie (for_each_piece), on a set that takes them.
+  const void** pieces = kern.decode_row_pieces ? w.pieces.as<const void*>() : nullptr;
   // One kernel call on keys [j0, j0 + len) of the block, their rows at k (ldk apart).
-  const auto qk = [&](std::int64_t j0, const void* k, DType dtype, std::int64_t len, std::int64_t ldk, PieceScales ks) {
+  const auto qk = [&](std::int64_t j0, const void* k, DType dtype, std::int64_t len, std::int64_t ldk, PieceScales ks,
+                      const void* const* pieces) {
     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, dtype, ldk, len, p.H, Hp, p.scale, static_cast<int>(R),
-                         ks.scale, ks.ld});
+                         ks.scale, ks.ld, pieces});
   };
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
   if (plan.convert_k)
-    qk(0, w.k_bf16.data(), DType::bf16, keys_seen, Hp, {});
+    qk(0, w.k_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
     for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
-                   w.gather_scales.as<float>(),
-                   [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks) {
+                   w.gather_scales.as<float>(), pieces,
+                   [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks,
+                       const void* const* in_pieces) {
                      if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
-                     qk(j0, k, p.k_dtype, len, ldk, ks);
+                     qk(j0, k, p.k_dtype, len, ldk, ks, in_pieces);
                    });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
   if (p.softcap != 0.0f)
@@ -287,19 +304,21 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                                         static_cast<int>(R), true});
   // O = O corr + P V on keys [j0, j0 + len), rows at v (the rescale only when some row's max moved, by
   // the first call).
-  const auto pv = [&](std::int64_t j0, const void* v, DType dtype, std::int64_t len, std::int64_t ldv, PieceScales vs) {
+  const auto pv = [&](std::int64_t j0, const void* v, DType dtype, std::int64_t len, std::int64_t ldv, PieceScales vs,
+                      const void* const* pieces) {
     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, dtype, ldv, len, round_up(len, 2), p.H, Hp,
-                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld});
+                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, pieces});
   };
   if (plan.convert_v)
-    pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {});
+    pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
     for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
-                   w.gather_scales.as<float>(),
-                   [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs) {
+                   w.gather_scales.as<float>(), pieces,
+                   [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs,
+                       const void* const* in_pieces) {
                      const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
                      if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
-                     pv(j0, v, p.v_dtype, len, ldv, vs);
+                     pv(j0, v, p.v_dtype, len, ldv, vs, in_pieces);
                    });
 }
 
@@ -307,8 +326,9 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
 // without a gather copy).
 void rows_to_bf16(const Problem& p, const Plan& plan, const FlashTask& task, bool is_k, std::int64_t s0,
                   std::int64_t n, std::uint16_t* dst) {
-  for_each_piece(p, plan.pages, is_k, task.b, task.kh, s0, n, 0, nullptr, nullptr,
-                 [&](std::int64_t j0, const void* rows, std::int64_t len, std::int64_t ld, PieceScales) {
+  for_each_piece(p, plan.pages, is_k, task.b, task.kh, s0, n, 0, nullptr, nullptr, nullptr,
+                 [&](std::int64_t j0, const void* rows, std::int64_t len, std::int64_t ld, PieceScales,
+                     const void* const*) {
                    plan.kern->decode_rows_to_bf16(dst + j0 * plan.Hp, plan.Hp, rows, is_k ? p.k_dtype : p.v_dtype,
                                                   ld, len, p.H);
                  });

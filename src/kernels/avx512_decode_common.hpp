@@ -39,6 +39,27 @@ using word_t = std::uint32_t __attribute__((may_alias));
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
 
+// Where key j's row of a call is: base + j ld_bytes, or in pieces (DecodeQk::k_pieces,
+// DecodePv::v_pieces) pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) ld_bytes.
+struct KeyRows {
+  const char* base;
+  const void* const* pieces;
+  std::int64_t ld_bytes;
+  const char* row(std::int64_t j) const {
+    if (pieces == nullptr) return base + j * ld_bytes;
+    return static_cast<const char*>(pieces[j / kDecodePieceKeys]) + j % kDecodePieceKeys * ld_bytes;
+  }
+};
+static_assert(kQkGroup == kDecodePieceKeys, "a QK group's rows lie in one piece");
+// In pieces, the hardware prefetchers do not cross from one piece into the next, which lies anywhere:
+// as piece j / kDecodePieceKeys starts, the next one's first line goes to L2 (prefetcht1), which starts
+// its page walk and DRAM access early (page 16 1.12x faster on Sapphire Rapids than without;
+// docs/performance.md, session 19).
+inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j) {
+  const std::int64_t next = j / kDecodePieceKeys + 1;
+  if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
+}
+
 // The two halves of 16 bf16 pairs as fp32: the odd elements (the high half of each word) and the even
 // ones (the low half).
 inline __m512 odd_half(__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }

@@ -82,9 +82,9 @@ void permute_o(const DecodePv& t) {
 // The generic path: keys [j_begin, nkeys) (j_begin even), any dtype and H.
 template <typename Mac, int R, bool kPlain>
 void pv_rows(const DecodePv& t, std::int64_t j_begin) {
-  const char* v0 = static_cast<const char*>(t.v);
+  const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv * elem_bytes(t.v_dtype)};
   const auto* p = static_cast<const word_t*>(t.p);
-  const std::int64_t ld_bytes = t.ldv * elem_bytes(t.v_dtype), ldp_words = t.ldp / 2;
+  const std::int64_t ldp_words = t.ldp / 2;
   // Up to 4 rows: 64 columns per pass (16 accumulators), so each broadcast P word feeds 4 multiply-adds.
   constexpr int kWide = R <= 4 ? 2 : 1;
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
@@ -92,7 +92,7 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
     std::int64_t h0 = 0;
     const auto load = [&](std::int64_t j, int c) {
       const float* vs = t.v_scale != nullptr ? t.v_scale + j * t.ld_scale : nullptr;
-      return j < t.n ? load_row32<Mac, kPlain>(v0 + j * ld_bytes, t.v_dtype, h0 + 32 * c, t.H, vs)
+      return j < t.n ? load_row32<Mac, kPlain>(rows.row(j), t.v_dtype, h0 + 32 * c, t.H, vs)
                      : _mm512_setzero_si512();
     };
     for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<Mac, R, kWide>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
@@ -129,20 +129,34 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   constexpr bool kWholeRows = R <= kRowsPerPass || (!kInt8 && R <= 2 * kRowsPerPass && HC <= 4);
   constexpr int kWide = R <= 4 ? 2 : 1;  // 32-column chunks per column pass
   constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC);
-  static_assert(HC % kWide == 0 && kGroup % 2 == 0);
+  static_assert(HC % kWide == 0 && kGroup % 2 == 0 && kGroup % kDecodePieceKeys == 0);
   const auto* p = static_cast<const word_t*>(t.p);
   float* const o = t.o;
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
-  for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+  // Keys [j0, j1) of rows (P's words from pw: keys j0 and j0 + 1 at pw[j0 / 2]).
+  const auto group = [&](const word_t* pw, const Rows& rows, std::int64_t j0, std::int64_t j1) {
     if constexpr (kWholeRows) {
-      pv_row_passes<Mac, R, kRowsPerPass, HC>(o, ldo, p, ldp_words, j0, j0 + kGroup, v0);
+      pv_row_passes<Mac, R, kRowsPerPass, HC>(o, ldo, pw, ldp_words, j0, j1, rows);
     } else {
 #pragma GCC unroll 8
       for (int c0 = 0; c0 < HC; c0 += kWide)
-        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, p, ldp_words, j0, j0 + kGroup,
-                               [&](std::int64_t j, int c) { return v0.chunk(j, c0 + c); });
+        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, pw, ldp_words, j0, j1,
+                               [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
     }
+  };
+  for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+    if constexpr (std::is_same_v<Rows, Bf16Rows>) {
+      if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
+        for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
+          prefetch_next_piece(t.v_pieces, t.n, j);
+          group(p + j / 2, Bf16Rows{static_cast<const char*>(t.v_pieces[j / kDecodePieceKeys]), v0.ld_bytes}, 0,
+                kDecodePieceKeys);
+        }
+        continue;
+      }
+    }
+    group(p, v0, j0, j0 + kGroup);
   }
   if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<Mac, R, true>(t, full);
   else pv_rows<Mac, R, false>(t, full);

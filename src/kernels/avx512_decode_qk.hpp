@@ -137,39 +137,40 @@ inline void qk_block(const DecodeQk& t, QRows qr, const char* kr, std::int64_t l
                                    t.k_scale != nullptr ? t.k_scale + j0 * t.ld_scale : nullptr, t.ld_scale, nj));
 }
 
-// S[r0 .. r0+RB)[j0 .. j0+16): sub-groups of 16 / RB keys; keys j >= nj of the group are zero.
+// S[r0 .. r0+RB)[j0 .. j0+16) (the group's rows from kg, ld_bytes apart): sub-groups of 16 / RB keys;
+// keys j >= nj of the group are zero.
 template <typename Mac, int RB, bool kPlain>
-inline void qk_rows_block(const DecodeQk& t, QRows qr, const char* k0, std::int64_t ld_bytes, int r0, std::int64_t j0,
+inline void qk_rows_block(const DecodeQk& t, QRows qr, const char* kg, std::int64_t ld_bytes, int r0, std::int64_t j0,
                           int nj) {
   constexpr int KG = kQkGroup / RB;
   if (nj >= kQkGroup) {
 #pragma GCC unroll 8
     for (int jj = 0; jj < kQkGroup; jj += KG)
-      qk_block<Mac, RB, kPlain, true>(t, qr, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, KG);
+      qk_block<Mac, RB, kPlain, true>(t, qr, kg + jj * ld_bytes, ld_bytes, r0, j0 + jj, KG);
     return;
   }
   for (int jj = 0; jj < kQkGroup; jj += KG)
-    qk_block<Mac, RB, kPlain, false>(t, qr, k0 + (j0 + jj) * ld_bytes, ld_bytes, r0, j0 + jj, nj - jj);
+    qk_block<Mac, RB, kPlain, false>(t, qr, kg + jj * ld_bytes, ld_bytes, r0, j0 + jj, nj - jj);
 }
 
-// S[r][j0 .. j0+16) for R rows, in row blocks of 8, 4, 2, 1.
+// S[r][j0 .. j0+16) for R rows (the group's rows from kg), in row blocks of 8, 4, 2, 1.
 template <typename Mac, int R, bool kPlain>
-inline void qk_group(const DecodeQk& t, QRows qr, const char* k0, std::int64_t ld_bytes, std::int64_t j0, int nj) {
+inline void qk_group(const DecodeQk& t, QRows qr, const char* kg, std::int64_t ld_bytes, std::int64_t j0, int nj) {
   int r0 = 0;
-  if constexpr (R >= 8) { qk_rows_block<Mac, 8, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 8; }
-  if constexpr (R % 8 >= 4) { qk_rows_block<Mac, 4, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 4; }
-  if constexpr (R % 4 >= 2) { qk_rows_block<Mac, 2, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj); r0 += 2; }
-  if constexpr (R % 2 == 1) qk_rows_block<Mac, 1, kPlain>(t, qr, k0, ld_bytes, r0, j0, nj);
+  if constexpr (R >= 8) { qk_rows_block<Mac, 8, kPlain>(t, qr, kg, ld_bytes, r0, j0, nj); r0 += 8; }
+  if constexpr (R % 8 >= 4) { qk_rows_block<Mac, 4, kPlain>(t, qr, kg, ld_bytes, r0, j0, nj); r0 += 4; }
+  if constexpr (R % 4 >= 2) { qk_rows_block<Mac, 2, kPlain>(t, qr, kg, ld_bytes, r0, j0, nj); r0 += 2; }
+  if constexpr (R % 2 == 1) qk_rows_block<Mac, 1, kPlain>(t, qr, kg, ld_bytes, r0, j0, nj);
 }
 
-// The generic path: S[r][j] for j in [j_begin, n), any dtype and H.
+// The generic path: S[r][j] for j in [j_begin, n) (j_begin a multiple of 16), any dtype and H, dense
+// rows or pieces.
 template <typename Mac, int R, bool kPlain>
 void qk_rows(const DecodeQk& t, QRows qr, std::int64_t j_begin) {
-  const char* k0 = static_cast<const char*>(t.k);
-  const std::int64_t ld_bytes = t.ldk * elem_bytes(t.k_dtype);
+  const KeyRows rows{static_cast<const char*>(t.k), t.k_pieces, t.ldk * elem_bytes(t.k_dtype)};
   for (std::int64_t j0 = j_begin; j0 < t.n; j0 += kQkGroup) {
     const std::int64_t nj = t.n - j0;
-    qk_group<Mac, R, kPlain>(t, qr, k0, ld_bytes, j0, nj >= kQkGroup ? kQkGroup : static_cast<int>(nj));
+    qk_group<Mac, R, kPlain>(t, qr, rows.row(j0), rows.ld_bytes, j0, nj >= kQkGroup ? kQkGroup : static_cast<int>(nj));
   }
 }
 
@@ -226,7 +227,14 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   const float* const rf0 = qr.factor;  // DotI16's row factors, else null
   const auto rf_at = [rf0](int r) { return rf0 != nullptr ? rf0 + r : nullptr; };
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
-    const Rows kr = k0.at(j0);
+    const Rows kr = [&] {
+      if constexpr (std::is_same_v<Rows, Bf16Rows>)  // in pieces: the group's 16 rows lie in one
+        if (t.k_pieces != nullptr) {
+          prefetch_next_piece(t.k_pieces, t.n, j0);
+          return Bf16Rows{static_cast<const char*>(t.k_pieces[j0 / kQkGroup]), k0.ld_bytes};
+        }
+      return k0.at(j0);
+    }();
     int r0 = 0;  // row blocks of 8, 4, 2, 1
     if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, ldq, kr, s + j0, lds, scale, rf0); r0 += 8; }
     if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }

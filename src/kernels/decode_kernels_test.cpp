@@ -142,12 +142,14 @@ QRows make_q(int rows, std::int64_t H, std::int64_t Hp, std::mt19937& rng) {
   return q;
 }
 
+// With pieces (DecodeQk::k_pieces): kr's rows read from them, its own bytes not at all.
 std::vector<float> run_qk(const FlashKernels& k, const QRows& q, const Rows& kr, int rows, std::int64_t n,
-                          std::int64_t H, std::int64_t Hp, float scale, std::int64_t lds) {
+                          std::int64_t H, std::int64_t Hp, float scale, std::int64_t lds,
+                          const void* const* pieces = nullptr) {
   AlignedBuffer s(static_cast<std::size_t>(rows * lds) * 4);
   std::fill(s.as<float>(), s.as<float>() + rows * lds, kSentinel);
-  DecodeQk t{s.as<float>(), lds, q.buf.as<std::uint16_t>(), q.ldq, kr.data(), kr.dtype, kr.ld, n, H, Hp, scale, rows,
-             kr.scales(), Rows::kLdScale};
+  DecodeQk t{s.as<float>(), lds, q.buf.as<std::uint16_t>(), q.ldq, pieces ? nullptr : kr.data(), kr.dtype, kr.ld, n, H,
+             Hp, scale, rows, kr.scales(), Rows::kLdScale, pieces};
   k.decode_qk_rows(t);
   return std::vector<float>(s.as<float>(), s.as<float>() + rows * lds);
 }
@@ -211,13 +213,16 @@ std::vector<std::uint16_t> make_p(const PvCase& c, std::mt19937& rng) {
 }
 
 std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const std::vector<std::uint16_t>& p,
-                          const std::vector<float>& o0, const std::vector<float>& corr, const Rows& vr) {
+                          const std::vector<float>& o0, const std::vector<float>& corr, const Rows& vr,
+                          const void* const* pieces = nullptr) {
   AlignedBuffer o(static_cast<std::size_t>(c.rows * c.ldo) * 4);
   AlignedBuffer pb(p.size() * 2);
   std::copy(o0.begin(), o0.end(), o.as<float>());
   std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
-  DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>(), c.ldp, vr.data(), vr.dtype, vr.ld, c.n, c.nkeys, c.H, c.Hp,
-             c.corr ? corr.data() : nullptr, c.rows, vr.scales(), Rows::kLdScale};
+  DecodePv t{o.as<float>(), c.ldo,        pb.as<std::uint16_t>(), c.ldp,       pieces ? nullptr : vr.data(),
+             vr.dtype,       vr.ld,        c.n,                    c.nkeys,     c.H,
+             c.Hp,           c.corr ? corr.data() : nullptr,       c.rows,      vr.scales(),
+             Rows::kLdScale, pieces};
   k.decode_pv_rows(t);
   return std::vector<float>(o.as<float>(), o.as<float>() + c.rows * c.ldo);
 }
@@ -311,6 +316,63 @@ TEST(DecodeKernels, PvRowsMatchTheScalarModel) {
   for (const FlashKernels* k : sets)
     for (DType d : kFloatDTypes)
       for (std::int64_t H : kHs) ASSERT_NO_FATAL_FAILURE(check_pv(*k, d, H, rng));
+}
+
+// The rows' kDecodePieceKeys-key pieces, each copied to its own place in `store` (in shuffled order,
+// apart; rows past `rows_alloc` NaN), and where each is.
+std::vector<const void*> scatter_pieces(const Rows& r, std::int64_t rows_alloc, std::vector<std::uint16_t>& store,
+                                        std::mt19937& rng) {
+  const std::int64_t count = (rows_alloc + kDecodePieceKeys - 1) / kDecodePieceKeys;
+  const std::int64_t slot = (kDecodePieceKeys + 1) * r.ld;  // a piece and a NaN row between pieces
+  std::vector<std::int64_t> order(static_cast<std::size_t>(count + 2));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  store.assign(static_cast<std::size_t>((count + 2) * slot), kNaNBits);
+  std::vector<const void*> pieces;
+  const auto* rows = static_cast<const std::uint16_t*>(r.data());
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::uint16_t* at = store.data() + order[static_cast<std::size_t>(i)] * slot;
+    const std::int64_t keys = std::min<std::int64_t>(kDecodePieceKeys, rows_alloc - i * kDecodePieceKeys);
+    std::copy(rows + i * kDecodePieceKeys * r.ld, rows + (i * kDecodePieceKeys + keys) * r.ld, at);
+    pieces.push_back(at);
+  }
+  return pieces;
+}
+
+// Sets with decode_row_pieces: bf16 rows in pieces at their own addresses (DecodeQk::k_pieces,
+// DecodePv::v_pieces) give the bits of the same rows together, every rows, H and n (partial pieces,
+// groups and pairs).
+TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
+  std::vector<const FlashKernels*> sets;
+  for (const FlashKernels* k : decode_sets())
+    if (k->decode_row_pieces) sets.push_back(k);
+  if (sets.empty()) GTEST_SKIP() << "no kernel set here takes pieces";
+  std::mt19937 rng(23);
+  for (const FlashKernels* k : sets)
+    for (std::int64_t H : kHs)
+      for (std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 64, 65, 70}) {
+        const std::int64_t Hp = round_up(H, kHTile), end = round_up(n, 16);
+        const Rows kv = make_rows(DType::bf16, n, end, H, rng);
+        std::vector<std::uint16_t> store;
+        const std::vector<const void*> pieces = scatter_pieces(kv, end, store, rng);
+        for (int rows = 1; rows <= k->decode_max_rows; ++rows) {
+          SCOPED_TRACE(std::string(k->name) + " H " + std::to_string(H) + " n " + std::to_string(n) + " rows " +
+                       std::to_string(rows));
+          const QRows q = make_q(rows, H, Hp, rng);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(H));
+          ASSERT_EQ(run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16),
+                    run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16, pieces.data()));
+          const PvCase c{rows, n, round_up(n, 2), H, Hp, end + 32, Hp + 32, rows % 2 == 0};
+          const std::vector<std::uint16_t> p = make_p(c, rng);
+          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows));
+          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+          for (int r = 0; r < rows; ++r) {
+            corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);
+            for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
+          }
+          ASSERT_EQ(run_pv(*k, c, p, o0, corr, kv), run_pv(*k, c, p, o0, corr, kv, pieces.data()));
+        }
+      }
 }
 
 TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {

@@ -46,6 +46,17 @@ constexpr int kMaxChunks = kMaxHp / 32;     // 32-column chunks of a row
 constexpr int kKeys = 16;                   // keys per tile step
 constexpr int kTileMinRows = 8;             // fewer rows a call go to the vector kernels
 using word_t = std::uint32_t __attribute__((may_alias));
+static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
+
+// The first of keys [j, j + 16) (j a multiple of 16, n keys in all): at rows + j ld_bytes, or in its
+// piece, the next piece's first line then prefetched into L2 (with `prefetch`; as
+// avx512_decode_common.hpp does).
+inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
+                             std::int64_t n, bool prefetch = true) {
+  if (pieces == nullptr) return static_cast<const char*>(rows) + j * ld_bytes;
+  if (prefetch && j + kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[j / kDecodePieceKeys + 1]), _MM_HINT_T1);
+  return static_cast<const char*>(pieces[j / kDecodePieceKeys]);
+}
 
 // Float rows (int8 stays in the vector kernels' integers form) of a width the tiles take: 32-column
 // chunks, an even count of them past 4 (qk_steps loads B two chunks at a time there).
@@ -128,7 +139,7 @@ struct KeyTile {
 };
 inline KeyTile key_tile(const DecodeQk& t, std::int64_t j, QkScratch& w, int slot) {
   const std::int64_t ldk = t.ldk * static_cast<std::int64_t>(dtype_size(t.k_dtype));
-  const char* rows = static_cast<const char*>(t.k) + j * ldk;
+  const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n);
   if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
   std::uint16_t* dst = w.k[slot];
   for (int i = 0; i < kTileRows; ++i)
@@ -206,7 +217,6 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
     _tile_loadd(3, &w.o[0][h0 + 48], kLdo);
   }
   const auto* p = static_cast<const std::uint16_t*>(t.p);
-  const char* v = static_cast<const char*>(t.v);
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(t.v_dtype)), ldv = t.ldv * esize;
   const std::int64_t have = t.n < t.nkeys ? t.n : t.nkeys;
   // 32 columns [h0 + 32 c, ..) of a V row, as bf16 (rounded as load32_bf16 does).
@@ -220,9 +230,10 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
     auto& b = w.b[(j0 / kKeys) & 1];
     for (int r = 0; r < t.rows; ++r)
       _mm256_store_si256(reinterpret_cast<__m256i*>(a[r]), _mm256_maskz_loadu_epi16(live, p + r * t.ldp + j0));
+    const char* step = step_rows(t.v, t.v_pieces, ldv, j0, t.n, h0 == 0);  // (the first pass prefetches)
     for (int i = 0; i < kKeys / 2; ++i) {
       const std::int64_t j = j0 + 2 * i;
-      const char* ra = v + j * ldv;
+      const char* ra = step + 2 * i * ldv;
       for (int c = 0; c < kBlocks; ++c) {
         const __m512i x = j < have ? load(ra, c) : _mm512_setzero_si512();
         const __m512i y = j + 1 < have ? load(ra + ldv, c) : _mm512_setzero_si512();

@@ -199,7 +199,8 @@ const FlashKernels& avx512bf16_kernels() {
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
                               .decode_pv_rows = avx512bf16_decode_pv_rows,
                               .softmax_grad_pack = softmax_grad_pack,
-                              .int8_on_integers = true};
+                              .int8_on_integers = true,
+                              .decode_row_pieces = true};
   return k;
 }
 

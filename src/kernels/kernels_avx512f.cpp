@@ -155,7 +155,8 @@ const FlashKernels& avx512f_decode_kernels() {
                               .pack_k = nullptr,
                               .pack_v = nullptr,
                               .decode_qk_rows = avx512f_decode_qk_rows,
-                              .decode_pv_rows = avx512f_decode_pv_rows};
+                              .decode_pv_rows = avx512f_decode_pv_rows,
+                              .decode_row_pieces = true};
   return k;
 }
 

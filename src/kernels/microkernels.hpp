@@ -87,8 +87,11 @@
 // their own that only decode. `rows` is
 // 1..decode_max_rows (kDecodeMaxRows; amx: kAmxDecodeMaxRows, its row groups). The kernels issue no
 // software prefetch: reading the rows line after line lets the hardware prefetchers run the stream
-// (docs/performance.md, decode I); the policy prefetches where they cannot (small pages, and the
-// overlap of flash_decode.cpp). The amx set's kernels (kernels_amx_decode.cpp) run calls of 8 rows or
+// (docs/performance.md, decode I); the policy prefetches where they cannot (small pages it gathers,
+// and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 rows in pieces of
+// kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; the pieces of one call give the
+// bits of the same rows together), and there, as each piece starts, prefetches the next piece's first
+// line into L2, as the hardware prefetchers do not cross into it. The amx set's kernels (kernels_amx_decode.cpp) run calls of 8 rows or
 // more on the tile unit, whose tiles read 16 K rows a column chunk at a time (not address order) and
 // sum P V per 16 keys of the call (below).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
@@ -211,6 +214,8 @@ struct PackSource {
 
 // Decode (see the contract above).
 constexpr int kDecodeMaxRows = 8;
+// Keys per piece of a decode call's pieces (DecodeQk::k_pieces, DecodePv::v_pieces).
+constexpr int kDecodePieceKeys = 16;
 constexpr int kAmxDecodeMaxRows = 16;
 // The integers form's Q.K: a call with a Q row whose largest |q| is below this takes the products form
 // (the factor 32767 / max|q| would overflow fp32 below about 2^-113).
@@ -230,6 +235,9 @@ struct DecodeQk {
   int rows;  // 1..the set's decode_max_rows
   const float* k_scale = nullptr;  // int8 K: key j's scale at k_scale[j * ld_scale]; else null
   std::int64_t ld_scale = 0;
+  // Where the set has decode_row_pieces and the rows are bf16: key j's row at
+  // k_pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ldk elements (k unused); else null.
+  const void* const* k_pieces = nullptr;
 };
 
 struct DecodePv {
@@ -247,6 +255,8 @@ struct DecodePv {
   int rows;           // 1..the set's decode_max_rows
   const float* v_scale = nullptr;  // int8 V: key j's scale at v_scale[j * ld_scale]; else null
   std::int64_t ld_scale = 0;
+  // As DecodeQk::k_pieces: key j's row at v_pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ldv.
+  const void* const* v_pieces = nullptr;
 };
 
 // The backward's elementwise step and packs (see the contract above).
@@ -301,6 +311,10 @@ struct FlashKernels {
   // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower): docs/performance.md,
   // sessions 10 and 15.
   int decode_overlap_rows = 8;
+  // The decode kernels take bf16 rows in pieces of kDecodePieceKeys keys, each at its own address
+  // (DecodeQk::k_pieces, DecodePv::v_pieces): small pages are then read where they lie, in one call
+  // per block, instead of copied together first (flash_decode.cpp).
+  bool decode_row_pieces = false;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
