@@ -5,10 +5,10 @@
 //     keys, Mac::weights) is accumulated into the row's accumulators (Mac::mac_pv), loaded from and
 //     stored back to O (L1) once per group of keys. FmaPairs keeps each 32 columns of O as its even
 //     columns then its odd ones for the call (split_o, join_o). The fast path (bf16 or int8 rows,
-//     H = 64, 128, 256, groups of 8 KiB of bf16 V, int8 rows scaled as they are loaded) reads whole
-//     rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32)) or two at H <= 128 when
+//     H = 64, 96, 128, 256, groups of up to 8 KiB of bf16 V, int8 rows scaled as they are loaded) reads whole
+//     rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32), rounded down) or two at H <= 128 when
 //     half the rows' do (bf16 rows only: a second pass would convert int8 rows again), else goes 64
-//     columns per pass (32 when R > 4), converting each int8 chunk once; the generic path goes 64 or 32
+//     columns per pass (32 when R > 4 or at H = 96), converting each int8 chunk once; the generic path goes 64 or 32
 //     columns per pass over groups of 32 keys. Both accumulate each O element's keys in the same order
 //     (per pair the odd key, then the even one): the same bits.
 #pragma once
@@ -117,8 +117,8 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
 // rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128) for bf16 rows, the
 // group goes in one or two passes over whole V rows, each read in address order (two passes only at
 // H <= 128, where they pay: docs/performance.md, decode J; int8 rows pay the conversion per pass, and
-// went 1.15x faster in column passes: session 11); otherwise the columns go in passes of 64 (32 when R > 4)
-// over the group, the later passes from L1. Same sums in the same order as the generic path, so the
+// went 1.15x faster in column passes: session 11); otherwise the columns go in passes of 64 (32 when R > 4
+// or HC is odd) over the group, the later passes from L1. Same sums in the same order as the generic path, so the
 // same bits.
 template <typename Mac, int R, int HC, typename Rows>
 void pv_rows_fast(const DecodePv& t, const Rows& v0) {
@@ -127,8 +127,9 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   // holds every row.
   constexpr bool kInt8 = !std::is_same_v<Rows, Bf16Rows>;
   constexpr bool kWholeRows = R <= kRowsPerPass || (!kInt8 && R <= 2 * kRowsPerPass && HC <= 4);
-  constexpr int kWide = R <= 4 ? 2 : 1;  // 32-column chunks per column pass
-  constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC);
+  constexpr int kWide = R <= 4 && HC % 2 == 0 ? 2 : 1;  // 32-column chunks per column pass
+  // Keys per group: kPvFastGroupBytes of V, whole pieces (32 keys at H = 96 and 128).
+  constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC) / kDecodePieceKeys * kDecodePieceKeys;
   static_assert(HC % kWide == 0 && kGroup % 2 == 0 && kGroup % kDecodePieceKeys == 0);
   const auto* p = static_cast<const word_t*>(t.p);
   float* const o = t.o;
@@ -178,6 +179,7 @@ void pv_rows_any(const DecodePv& t) {
   } else {
     switch (t.Hp) {
       case 64: pv_rows_fast_any<Mac, R, 2>(t); break;
+      case 96: pv_rows_fast_any<Mac, R, 3>(t); break;
       case 128: pv_rows_fast_any<Mac, R, 4>(t); break;
       case 256: pv_rows_fast_any<Mac, R, 8>(t); break;
       default:

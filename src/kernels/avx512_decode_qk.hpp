@@ -4,7 +4,7 @@
 //     16 / RB keys, 16 accumulators (one per (row, key)) take Mac::mac(q[r] chunk, k[j] chunk) over
 //     the Hp/32 chunks of 32 h, then a 16x16 transpose-add turns them into 16 logits (RB rows x 16 / RB
 //     keys). Each logit's lanes are summed in the same fixed order whatever its slot. The fast path
-//     (bf16 or int8 rows, H = 64, 128, 256, whole groups of 16 keys) reads each K row whole
+//     (bf16 or int8 rows, H = 64, 96, 128, 256, whole groups of 16 keys) reads each K row whole
 //     (key-major, Q chunks from L1) with every size a constant, int8 chunks scaled and rounded as
 //     they are loaded; the generic path (other dtypes and H, the last partial group) converts and
 //     masks chunk by chunk. Both give the same bits.
@@ -266,6 +266,7 @@ void qk_rows_any(const DecodeQk& t, QRows qr) {
   if constexpr (Mac::kIntSums) {  // DotI16: int8 rows only
     const Int8Rows<Mac> k0{static_cast<const char*>(t.k), t.ldk, t.k_scale, t.ld_scale};
     if (t.H == t.Hp && t.Hp == 64) return qk_rows_fast<Mac, R, 2>(t, qr, k0);
+    if (t.H == t.Hp && t.Hp == 96) return qk_rows_fast<Mac, R, 3>(t, qr, k0);
     if (t.H == t.Hp && t.Hp == 128) return qk_rows_fast<Mac, R, 4>(t, qr, k0);
     if (t.H == t.Hp && t.Hp == 256) return qk_rows_fast<Mac, R, 8>(t, qr, k0);
     return qk_rows<Mac, R, false>(t, qr, 0);
@@ -273,6 +274,7 @@ void qk_rows_any(const DecodeQk& t, QRows qr) {
   if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<Mac, R, false>(t, qr, 0);
   switch (t.Hp) {
     case 64: return qk_rows_fast_any<Mac, R, 2>(t, qr);
+    case 96: return qk_rows_fast_any<Mac, R, 3>(t, qr);
     case 128: return qk_rows_fast_any<Mac, R, 4>(t, qr);
     case 256: return qk_rows_fast_any<Mac, R, 8>(t, qr);
     default: return qk_rows_generic<Mac, R>(t, qr);

@@ -33,8 +33,8 @@ constexpr std::uint16_t kNaNBits = 0x7fc0;  // a bf16 quiet NaN
 constexpr float kSentinel = -12345.0f;       // in S and O where the kernels must not write
 // 40, 57, 100: a partial chunk (of 8 values, an odd 9, and 4; avx2's fast paths read it masked); 48 and
 // 80: whole 16-value chunks but Hp = 64 and 96 (avx2's last chunk past the row; its fast paths on 3
-// and 5 chunks, a count at run time); 64, 128, 256: the fast paths; 96: three 32-column chunks (amx
-// tiles; on avx2 a fast path); 288: Hp past the FMA kernels' split Q rows and the amx tiles.
+// and 5 chunks, a count at run time); 64, 96, 128, 256: the fast paths (96: three 32-column chunks, also
+// on the amx tiles); 288: Hp past the FMA kernels' split Q rows and the amx tiles.
 constexpr int kHs[] = {40, 48, 57, 64, 80, 96, 100, 128, 256, 288};
 constexpr DType kFloatDTypes[] = {DType::f32, DType::bf16, DType::f16};
 
@@ -487,65 +487,81 @@ TEST(DecodeKernels, FmaKernelsGiveTheDotBits) {
 // with a masked last chunk, and bf16 P.V at 288; Q.K at 288 generic on both sides), bf16, f16, f32 and int8
 // rows (Q.K only: int8's P.V quantizes per 16 keys of a call) in both int8 forms (the products form
 // where a Q row holds a NaN: the other rows then), every row count.
-TEST(DecodeKernels, Avx2FastPathsGiveTheGenericBits) {
-  if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2 here";
-  const FlashKernels& k = avx2_decode_kernels();
-  const auto bits = [](const float* x, std::int64_t n) {
-    std::vector<std::uint32_t> b(static_cast<std::size_t>(n));
-    std::memcpy(b.data(), x, b.size() * 4);
-    return b;
-  };
-  std::mt19937 rng(20);
-  constexpr std::int64_t n = 48;
-  for (DType dtype : {DType::bf16, DType::f16, DType::f32, DType::i8})
-    for (std::int64_t H : kHs)
-      for (int rows = 1; rows <= k.decode_max_rows; ++rows) {
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + " H " + std::to_string(H) + " rows " + std::to_string(rows));
-        const std::int64_t Hp = round_up(H, kHTile), lds = n + 16;
-        const Rows r = make_rows(dtype, n, n, H, rng);
-        const auto row = [&](std::int64_t j) {
-          return static_cast<const char*>(r.data()) + j * r.ld * static_cast<std::int64_t>(dtype_size(dtype));
-        };
-        const float* scales = r.scales();
-        const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * Rows::kLdScale : nullptr; };
-        QRows q = make_q(rows, H, Hp, rng);
-        // Rows [first, rows) of one call against one-key calls; rows before first are NaN in both.
-        const auto check_qk_bits = [&](int first) {
-          const std::vector<float> s = run_qk(k, q, r, rows, n, H, Hp, 0.125f, lds);
-          AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
-          for (std::int64_t j = 0; j < n; ++j) {
-            k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp,
-                              0.125f, rows, scale_of(j), Rows::kLdScale});
-            for (int i = 0; i < first; ++i)
-              ASSERT_TRUE(std::isnan(one.as<float>()[i * 16]) && std::isnan(s[static_cast<std::size_t>(i * lds + j)]));
-            for (int i = first; i < rows; ++i)
-              ASSERT_EQ(bits(one.as<float>() + i * 16, 1), bits(s.data() + i * lds + j, 1))
-                  << "Q.K, row " << i << " key " << j;
+// The AVX-512 vector sets likewise (fast paths at H = 64, 96, 128 and 256); not amx, whose tiles sum
+// P.V per 16 keys of a call.
+TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
+  std::vector<const FlashKernels*> sets;
+#if defined(__x86_64__)
+  if (isa_supported(Isa::avx2)) sets.push_back(&avx2_decode_kernels());
+  if (isa_supported(Isa::avx512f)) sets.push_back(&avx512f_decode_kernels());
+  if (isa_supported(Isa::avx512bf16)) {
+    sets.push_back(&avx512bf16_kernels());
+    sets.push_back(&avx512bf16_fma_decode_kernels());
+  }
+#endif
+  if (sets.empty()) GTEST_SKIP() << "no AVX2 here";
+  for (const FlashKernels* set : sets) {
+    const FlashKernels& k = *set;
+    const auto bits = [](const float* x, std::int64_t n) {
+      std::vector<std::uint32_t> b(static_cast<std::size_t>(n));
+      std::memcpy(b.data(), x, b.size() * 4);
+      return b;
+    };
+    std::mt19937 rng(20);
+    constexpr std::int64_t n = 48;
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32, DType::i8})
+      for (std::int64_t H : kHs)
+        for (int rows = 1; rows <= k.decode_max_rows; ++rows) {
+          SCOPED_TRACE(std::string(k.name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " rows " +
+                       std::to_string(rows));
+          const std::int64_t Hp = round_up(H, kHTile), lds = n + 16;
+          const Rows r = make_rows(dtype, n, n, H, rng);
+          const auto row = [&](std::int64_t j) {
+            return static_cast<const char*>(r.data()) + j * r.ld * static_cast<std::int64_t>(dtype_size(dtype));
+          };
+          const float* scales = r.scales();
+          const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * Rows::kLdScale : nullptr; };
+          QRows q = make_q(rows, H, Hp, rng);
+          // Rows [first, rows) of one call against one-key calls; rows before first are NaN in both.
+          const auto check_qk_bits = [&](int first) {
+            const std::vector<float> s = run_qk(k, q, r, rows, n, H, Hp, 0.125f, lds);
+            AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
+            for (std::int64_t j = 0; j < n; ++j) {
+              k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp,
+                                0.125f, rows, scale_of(j), Rows::kLdScale});
+              for (int i = 0; i < first; ++i)
+                ASSERT_TRUE(std::isnan(one.as<float>()[i * 16]) &&
+                            std::isnan(s[static_cast<std::size_t>(i * lds + j)]));
+              for (int i = first; i < rows; ++i)
+                ASSERT_EQ(bits(one.as<float>() + i * 16, 1), bits(s.data() + i * lds + j, 1))
+                    << "Q.K, row " << i << " key " << j;
+            }
+          };
+          ASSERT_NO_FATAL_FAILURE(check_qk_bits(0));
+          if (dtype == DType::i8) {
+            if (rows > 1) {  // the products form
+              q.buf.as<std::uint16_t>()[0] = kNaNBits;
+              ASSERT_NO_FATAL_FAILURE(check_qk_bits(1));
+            }
+            continue;
           }
-        };
-        ASSERT_NO_FATAL_FAILURE(check_qk_bits(0));
-        if (dtype == DType::i8) {
-          if (rows > 1) {  // the products form
-            q.buf.as<std::uint16_t>()[0] = kNaNBits;
-            ASSERT_NO_FATAL_FAILURE(check_qk_bits(1));
-          }
-          continue;
+          const PvCase c{rows, n, n, H, Hp, n + 32, Hp + 32, true};
+          const std::vector<std::uint16_t> p = make_p(c, rng);
+          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel),
+              corr(static_cast<std::size_t>(rows), 0.75f);
+          for (int i = 0; i < rows; ++i)
+            for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(i * c.ldo + h)] = val(rng);
+          const std::vector<float> o = run_pv(k, c, p, o0, corr, r);
+          AlignedBuffer pieces(o0.size() * 4), pb(p.size() * 2);
+          std::copy(o0.begin(), o0.end(), pieces.as<float>());
+          std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
+          for (std::int64_t j = 0; j < n; j += 2)
+            k.decode_pv_rows({pieces.as<float>(), c.ldo, pb.as<std::uint16_t>() + j, c.ldp, row(j), dtype, r.ld, 2, 2,
+                              H, Hp, j == 0 ? corr.data() : nullptr, rows});
+          ASSERT_EQ(bits(pieces.as<float>(), rows * c.ldo), bits(o.data(), rows * c.ldo)) << "P.V";
         }
-        const PvCase c{rows, n, n, H, Hp, n + 32, Hp + 32, true};
-        const std::vector<std::uint16_t> p = make_p(c, rng);
-        std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-        std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows), 0.75f);
-        for (int i = 0; i < rows; ++i)
-          for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(i * c.ldo + h)] = val(rng);
-        const std::vector<float> o = run_pv(k, c, p, o0, corr, r);
-        AlignedBuffer pieces(o0.size() * 4), pb(p.size() * 2);
-        std::copy(o0.begin(), o0.end(), pieces.as<float>());
-        std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
-        for (std::int64_t j = 0; j < n; j += 2)
-          k.decode_pv_rows({pieces.as<float>(), c.ldo, pb.as<std::uint16_t>() + j, c.ldp, row(j), dtype, r.ld, 2, 2, H, Hp,
-                            j == 0 ? corr.data() : nullptr, rows});
-        ASSERT_EQ(bits(pieces.as<float>(), rows * c.ldo), bits(o.data(), rows * c.ldo)) << "P.V";
-      }
+  }
 }
 
 // The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
