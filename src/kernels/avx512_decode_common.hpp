@@ -10,7 +10,8 @@
 // up: these kernels spend instructions (a transpose-add, permutes or splits) to avoid any packed copy.
 // What decides their speed is the order of the loads and the instructions per key: the hardware
 // prefetchers keep a stream going only when the rows are read line after line, so the kernels issue no
-// software prefetch (docs/performance.md, decode I).
+// software prefetch (docs/performance.md, decode I), except where they cannot follow: into the next
+// piece of rows in pieces (below) and int8 P.V's passes (avx512_decode_pv.hpp).
 //
 // The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
 // the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
