@@ -27,12 +27,13 @@
 // same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
-// inside one page at its own address; pages under kGatherPagesBelow keys are one call per block, on
-// the rows where they lie (bf16 rows on a set with decode_row_pieces: the kernels take each 16 keys'
-// address) or copied together first (for_each_piece). Blocks start at multiples of kPageAlign keys (a task's first
-// block is moved down to one, the extra keys masked), so every piece starts at a multiple of 16
-// columns of S and P; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key
-// order, so the pieces give the bits of one call over the same rows laid out densely.
+// inside one page at its own address. Pages under kGatherPagesBelow keys are one call per block
+// instead (for_each_piece): on the rows where they lie (bf16 rows on a set with decode_row_pieces, the
+// kernels taking each 16 keys' address), else on a copy of them. Blocks start at multiples of
+// kPageAlign keys (a task's first block is moved down to one, the extra keys masked), so every piece
+// starts at a multiple of 16 columns of S and P; decode_qk_rows is per key and decode_pv_rows
+// accumulates each O element in key order, so the pieces give the bits of one call over the same rows
+// laid out densely.
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
@@ -162,8 +163,8 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
 // are one call instead, as per-piece calls on 16 keys cost more than a copy (the kernels' fast paths
 // take whole groups of 32 keys; docs/performance.md, KV cache):
 //   - bf16 rows, where the set has decode_row_pieces and `pieces` is not null: row null, and pieces
-//     the address of each 16 keys' rows (the kernels read them where they lie: no copy, and the
-//     kernels' loads overlap their arithmetic as on dense rows; docs/performance.md, session 19);
+//     the address of each 16 keys' rows (the kernels read them where they lie, with no copy:
+//     docs/performance.md, session 19);
 //   - else the rows copied, as they are, into `gather` and their scales into `gather_scales` (ld = H).
 // The same rows in the same order, so the same bits.
 template <typename F>
@@ -279,9 +280,9 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const void** pieces = kern.decode_row_pieces ? w.pieces.as<const void*>() : nullptr;
   // One kernel call on keys [j0, j0 + len) of the block, their rows at k (ldk apart).
   const auto qk = [&](std::int64_t j0, const void* k, DType dtype, std::int64_t len, std::int64_t ldk, PieceScales ks,
-                      const void* const* pieces) {
+                      const void* const* in_pieces) {
     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, dtype, ldk, len, p.H, Hp, p.scale, static_cast<int>(R),
-                         ks.scale, ks.ld, pieces});
+                         ks.scale, ks.ld, in_pieces});
   };
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
@@ -305,9 +306,9 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   // O = O corr + P V on keys [j0, j0 + len), rows at v (the rescale only when some row's max moved, by
   // the first call).
   const auto pv = [&](std::int64_t j0, const void* v, DType dtype, std::int64_t len, std::int64_t ldv, PieceScales vs,
-                      const void* const* pieces) {
+                      const void* const* in_pieces) {
     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, dtype, ldv, len, round_up(len, 2), p.H, Hp,
-                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, pieces});
+                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces});
   };
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);

@@ -5,12 +5,12 @@
 //     keys, Mac::weights) is accumulated into the row's accumulators (Mac::mac_pv), loaded from and
 //     stored back to O (L1) once per group of keys. FmaPairs keeps each 32 columns of O as its even
 //     columns then its odd ones for the call (split_o, join_o). The fast path (bf16 or int8 rows,
-//     H = 64, 96, 128, 256, groups of up to 8 KiB of bf16 V, int8 rows scaled as they are loaded) reads whole
-//     rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32), rounded down) or two at H <= 128 when
-//     half the rows' do (bf16 rows only: a second pass would convert int8 rows again), else goes 64
-//     columns per pass (32 when R > 4 or at H = 96), converting each int8 chunk once; the generic path goes 64 or 32
-//     columns per pass over groups of 32 keys. Both accumulate each O element's keys in the same order
-//     (per pair the odd key, then the even one): the same bits.
+//     H = 64, 96, 128, 256, groups of up to 8 KiB of bf16 V, int8 rows scaled as they are loaded)
+//     reads whole rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32), rounded down)
+//     or two at H <= 128 when half the rows' do (bf16 rows only: a second pass would convert int8 rows
+//     again), else goes 64 columns per pass (32 when R > 4 or at H = 96), converting each int8 chunk
+//     once; the generic path goes 64 or 32 columns per pass over groups of 32 keys. Both accumulate
+//     each O element's keys in the same order (per pair the odd key, then the even one): the same bits.
 #pragma once
 
 #include <type_traits>
@@ -117,9 +117,9 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
 // rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128) for bf16 rows, the
 // group goes in one or two passes over whole V rows, each read in address order (two passes only at
 // H <= 128, where they pay: docs/performance.md, decode J; int8 rows pay the conversion per pass, and
-// went 1.15x faster in column passes: session 11); otherwise the columns go in passes of 64 (32 when R > 4
-// or HC is odd) over the group, the later passes from L1. Same sums in the same order as the generic path, so the
-// same bits.
+// went 1.15x faster in column passes: session 11); otherwise the columns go in passes of 64 (32 when
+// R > 4 or HC is odd) over the group, the later passes from L1. Same sums in the same order as the
+// generic path, so the same bits.
 template <typename Mac, int R, int HC, typename Rows>
 void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   constexpr int kRowsPerPass = 8 / HC;
@@ -323,8 +323,8 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
 // passes of 32 this ran 1.15x slower from DRAM), the last one of 32 where Hp is an odd multiple of 32.
 // The first block of rows prefetches the next slice's V rows into L2 as each slice starts: the passes
 // read each row's lines out of address order, and from DRAM this path took 3x its in-cache time per
-// key (1.11x faster dense int8 decode, 1.17x at page 256 with it on Sapphire Rapids; docs/performance.md,
-// session 19).
+// key (with it, dense int8 decode 1.21x and page 256 1.16x faster on Sapphire Rapids;
+// docs/performance.md, session 19).
 template <int RB>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;

@@ -364,7 +364,8 @@ TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
                     run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16, pieces.data()));
           const PvCase c{rows, n, round_up(n, 2), H, Hp, end + 32, Hp + 32, rows % 2 == 0};
           const std::vector<std::uint16_t> p = make_p(c, rng);
-          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows));
+          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel),
+              corr(static_cast<std::size_t>(rows));
           std::uniform_real_distribution<float> val(-1.0f, 1.0f);
           for (int r = 0; r < rows; ++r) {
             corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);

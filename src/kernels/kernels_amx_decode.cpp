@@ -54,7 +54,8 @@ static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
                              std::int64_t n, bool prefetch = true) {
   if (pieces == nullptr) return static_cast<const char*>(rows) + j * ld_bytes;
-  if (prefetch && j + kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[j / kDecodePieceKeys + 1]), _MM_HINT_T1);
+  if (prefetch && j + kDecodePieceKeys < n)
+    _mm_prefetch(static_cast<const char*>(pieces[j / kDecodePieceKeys + 1]), _MM_HINT_T1);
   return static_cast<const char*>(pieces[j / kDecodePieceKeys]);
 }
 
