@@ -11,7 +11,7 @@
 // What decides their speed is the order of the loads and the instructions per key: the hardware
 // prefetchers keep a stream going only when the rows are read line after line, so the kernels issue no
 // software prefetch (docs/performance.md, decode I), except where they cannot follow: into the next
-// piece of rows in pieces (below) and int8 P.V's passes (avx512_decode_pv.hpp).
+// piece of rows in pieces (decode_pieces.hpp) and int8 P.V's passes (avx512_decode_pv.hpp).
 //
 // The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
 // the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "kernels/avx512_helpers.hpp"
+#include "kernels/decode_pieces.hpp"
 #include "kernels/microkernels.hpp"
 #include "kernels/row_count.hpp"
 
@@ -40,26 +41,7 @@ using word_t = std::uint32_t __attribute__((may_alias));
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
 
-// Where key j's row of a call is: base + j ld_bytes, or in pieces (DecodeQk::k_pieces,
-// DecodePv::v_pieces) pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) ld_bytes.
-struct KeyRows {
-  const char* base;
-  const void* const* pieces;
-  std::int64_t ld_bytes;
-  const char* row(std::int64_t j) const {
-    if (pieces == nullptr) return base + j * ld_bytes;
-    return static_cast<const char*>(pieces[j / kDecodePieceKeys]) + j % kDecodePieceKeys * ld_bytes;
-  }
-};
-static_assert(kQkGroup == kDecodePieceKeys, "a QK group's rows lie in one piece");
-// In pieces, the hardware prefetchers do not cross from one piece into the next, which lies anywhere:
-// as piece j / kDecodePieceKeys starts, the next one's first line goes to L2 (prefetcht1), which starts
-// its page walk and DRAM access early (page 16 1.12x faster on Sapphire Rapids than without;
-// docs/performance.md, session 19).
-inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j) {
-  const std::int64_t next = j / kDecodePieceKeys + 1;
-  if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
-}
+static_assert(kQkGroup == kDecodePieceKeys, "a QK group's rows lie in one piece (decode_pieces.hpp)");
 
 // The two halves of 16 bf16 pairs as fp32: the odd elements (the high half of each word) and the even
 // ones (the low half).

@@ -151,8 +151,7 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
       if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
         for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
           prefetch_next_piece(t.v_pieces, t.n, j);
-          group(p + j / 2, Bf16Rows{static_cast<const char*>(t.v_pieces[j / kDecodePieceKeys]), v0.ld_bytes}, 0,
-                kDecodePieceKeys);
+          group(p + j / 2, Bf16Rows{KeyRows{nullptr, t.v_pieces, v0.ld_bytes}.row(j), v0.ld_bytes}, 0, kDecodePieceKeys);
         }
         continue;
       }

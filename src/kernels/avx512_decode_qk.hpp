@@ -231,7 +231,7 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
       if constexpr (std::is_same_v<Rows, Bf16Rows>)  // in pieces: the group's 16 rows lie in one
         if (t.k_pieces != nullptr) {
           prefetch_next_piece(t.k_pieces, t.n, j0);
-          return Bf16Rows{static_cast<const char*>(t.k_pieces[j0 / kQkGroup]), k0.ld_bytes};
+          return Bf16Rows{KeyRows{nullptr, t.k_pieces, k0.ld_bytes}.row(j0), k0.ld_bytes};
         }
       return k0.at(j0);
     }();

@@ -34,6 +34,7 @@
 #include "kernels/amx_tiles.hpp"
 #include "kernels/avx512_helpers.hpp"
 #include "kernels/cpu_features.hpp"
+#include "kernels/decode_pieces.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
@@ -48,15 +49,12 @@ constexpr int kTileMinRows = 8;             // fewer rows a call go to the vecto
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
-// The first of keys [j, j + 16) (j a multiple of 16, n keys in all): at rows + j ld_bytes, or in its
-// piece, the next piece's first line then prefetched into L2 (with `prefetch`; as
-// avx512_decode_common.hpp does).
+// The first row of keys [j, j + 16) (j a multiple of 16, n keys in all), in pieces with the next
+// piece's first line prefetched (with `prefetch`).
 inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
                              std::int64_t n, bool prefetch = true) {
-  if (pieces == nullptr) return static_cast<const char*>(rows) + j * ld_bytes;
-  if (prefetch && j + kDecodePieceKeys < n)
-    _mm_prefetch(static_cast<const char*>(pieces[j / kDecodePieceKeys + 1]), _MM_HINT_T1);
-  return static_cast<const char*>(pieces[j / kDecodePieceKeys]);
+  if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j);
+  return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
 // Float rows (int8 stays in the vector kernels' integers form) of a width the tiles take: 32-column

@@ -1,0 +1,40 @@
+// Rows of a decode call in pieces (DecodeQk::k_pieces, DecodePv::v_pieces; contract in
+// microkernels.hpp): where key j's row is, and the prefetch of the next piece. Shared by the AVX-512
+// decode kernels (avx512_decode_common.hpp) and the amx set's tiles (kernels_amx_decode.cpp).
+//
+// Include ONLY from x86-64 translation units with the AVX-512 flags: everything here is in an
+// anonymous namespace, so each unit gets its own copy.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/microkernels.hpp"
+
+namespace flashgqa {
+namespace {
+
+// Where key j's row of a call is: base + j ld_bytes, or in pieces
+// pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) ld_bytes.
+struct KeyRows {
+  const char* base;
+  const void* const* pieces;
+  std::int64_t ld_bytes;
+  const char* row(std::int64_t j) const {
+    if (pieces == nullptr) return base + j * ld_bytes;
+    return static_cast<const char*>(pieces[j / kDecodePieceKeys]) + j % kDecodePieceKeys * ld_bytes;
+  }
+};
+
+// In pieces, the hardware prefetchers do not cross from one piece into the next, which lies anywhere:
+// as piece j / kDecodePieceKeys starts (of a call of n keys), the next one's first line goes to L2
+// (prefetcht1), which starts its page walk and DRAM access early (page 16 1.12x faster on Sapphire
+// Rapids than without; docs/performance.md, session 19).
+inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j) {
+  const std::int64_t next = j / kDecodePieceKeys + 1;
+  if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
+}
+
+}  // namespace
+}  // namespace flashgqa
