@@ -27,13 +27,14 @@
 // same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
-// inside one page at its own address. Pages under kGatherPagesBelow keys are one call per block
-// instead (for_each_piece): on the rows where they lie (bf16 rows on a set with decode_row_pieces, the
-// kernels taking each 16 keys' address), else on a copy of them. Blocks start at multiples of
-// kPageAlign keys (a task's first block is moved down to one, the extra keys masked), so every piece
-// starts at a multiple of 16 columns of S and P; decode_qk_rows is per key and decode_pv_rows
-// accumulates each O element in key order, so the pieces give the bits of one call over the same rows
-// laid out densely.
+// inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
+// a multiple of the set's decode_pv_step_keys (amx: 32), are one call per block instead
+// (for_each_piece): on the rows where they lie (bf16 rows on a set with decode_row_pieces, the kernels
+// taking each 16 keys' address), else on a copy of them. Blocks start at multiples of kPageAlign keys
+// (a task's first block is moved down to one, the extra keys masked), so every piece starts at a
+// multiple of 16 columns of S and P, and every cut is at a multiple of decode_pv_step_keys keys of the
+// call; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key order (per step
+// of the set), so the pieces give the bits of one call over the same rows laid out densely.
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
@@ -72,12 +73,15 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
+// Pages shorter than this go in one call per block (see for_each_piece).
+constexpr std::int64_t kGatherPagesBelow = 64;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
   const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
   std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
+  bool one_call = false;  // pages go in one call per block (see for_each_piece)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
@@ -106,7 +110,10 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
-  if (pages != nullptr) bkv = round_up(bkv, kPageAlign);  // blocks start on page pieces' alignment
+  // Blocks start on page pieces' alignment, and no step of the set's P.V straddles two blocks.
+  bkv = round_up(bkv, std::max<std::int64_t>(pages != nullptr ? kPageAlign : 1, k.decode_pv_step_keys));
+  // Small pages, and pages the set's P.V must not be cut at (its steps would differ from a dense call's).
+  plan.one_call = pages != nullptr && (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
   plan.work = plan_tasks(p, p.T, bkv);
   return plan;
 }
@@ -121,8 +128,6 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
              static_cast<std::int64_t>(dtype_size(dtype));
 }
 
-// Pages shorter than this are gathered (see for_each_piece).
-constexpr std::int64_t kGatherPagesBelow = 64;
 static_assert(kPageAlign % kDecodePieceKeys == 0, "blocks start on a piece");
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
@@ -159,9 +164,10 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
 // page each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the
 // piece's first key relative to s0, row its first row, ld the elements between its rows, scales its
-// keys' (int8), pieces null. Pages of fewer than kGatherPagesBelow keys (when `gather` is not null)
-// are one call instead, as per-piece calls on 16 keys cost more than a copy (the kernels' fast paths
-// take whole groups of 32 keys; docs/performance.md, KV cache):
+// keys' (int8), pieces null. With `gather` not null (Plan::one_call: pages of fewer than
+// kGatherPagesBelow keys, as per-piece calls on 16 keys cost more than a copy, the kernels' fast paths
+// taking whole groups of 32 keys, docs/performance.md, KV cache; and pages whose size is not a multiple
+// of the set's decode_pv_step_keys) the pages are one call instead:
 //   - bf16 rows, where the set has decode_row_pieces and `pieces` is not null: row null, and pieces
 //     the address of each 16 keys' rows (the kernels read them where they lie, with no copy:
 //     docs/performance.md, session 19);
@@ -181,7 +187,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
   const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
-  const bool gathered = gather != nullptr && pages->page_size < kGatherPagesBelow;
+  const bool gathered = gather != nullptr;
   auto row_at = [&](std::int64_t s) {
     return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
                 : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
@@ -239,7 +245,7 @@ struct Workspace {
       if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
       if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
       // A block of f32 rows at most; none where both K and V are converted (never gathered).
-      if (plan.pages != nullptr && plan.pages->page_size < kGatherPagesBelow && !(plan.convert_k && plan.convert_v))
+      if (plan.one_call && !(plan.convert_k && plan.convert_v))
         gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
         gather_keys = std::max(gather_keys, plan.work.bkv);
     }
@@ -289,7 +295,7 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   if (plan.convert_k)
     qk(0, w.k_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
-    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, plan.one_call ? w.gather.as<char>() : nullptr,
                    w.gather_scales.as<float>(), pieces,
                    [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks,
                        const void* const* in_pieces) {
@@ -313,7 +319,7 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
-    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, w.gather.as<char>(),
+    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, plan.one_call ? w.gather.as<char>() : nullptr,
                    w.gather_scales.as<float>(), pieces,
                    [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs,
                        const void* const* in_pieces) {

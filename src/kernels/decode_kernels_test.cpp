@@ -376,6 +376,57 @@ TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
       }
 }
 
+// decode_pv_rows calls cut at multiples of the set's decode_pv_step_keys (where the decode path cuts
+// them: pages, the overlap's pieces) give the bits of one call over the same keys: every set, float
+// and int8 rows, every rows, cuts into two and three calls, n past the last cut or not.
+TEST(DecodeKernels, PvCallsCutAtTheStepKeysGiveTheBitsOfOne) {
+  const std::vector<const FlashKernels*> sets = decode_sets();
+  if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";
+  std::mt19937 rng(29);
+  for (const FlashKernels* k : sets)
+    for (DType dtype : {DType::bf16, DType::f16, DType::i8})
+      for (std::int64_t H : {64, 96, 128}) {
+        const std::int64_t Hp = round_up(H, kHTile), step = k->decode_pv_step_keys;
+        for (std::int64_t n : {3 * step, 3 * step + 6, 4 * step + 1}) {
+          const std::int64_t nkeys = round_up(n, 2), esize = static_cast<std::int64_t>(dtype_size(dtype));
+          const Rows vr = make_rows(dtype, n, nkeys, H, rng);
+          for (int rows = 1; rows <= k->decode_max_rows; ++rows) {
+            SCOPED_TRACE(std::string(k->name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
+                         std::to_string(n) + " rows " + std::to_string(rows));
+            const PvCase c{rows, n, nkeys, H, Hp, round_up(n, 16) + 32, Hp + 32, true};
+            const std::vector<std::uint16_t> p = make_p(c, rng);
+            std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows));
+            std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+            for (int r = 0; r < rows; ++r) {
+              corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);
+              for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
+            }
+            const std::vector<float> whole = run_pv(*k, c, p, o0, corr, vr);
+            for (const std::vector<std::int64_t>& cuts :
+                 {std::vector<std::int64_t>{step}, {2 * step}, {step, 2 * step}, {step, 3 * step}}) {
+              AlignedBuffer o(static_cast<std::size_t>(rows * c.ldo) * 4), pb(p.size() * 2);
+              std::copy(o0.begin(), o0.end(), o.as<float>());
+              std::copy(p.begin(), p.end(), pb.as<std::uint16_t>());
+              std::int64_t j0 = 0;
+              for (std::size_t i = 0; i <= cuts.size(); ++i) {  // keys [j0, end) in one call
+                const std::int64_t end = i < cuts.size() ? std::min(cuts[i], n) : n;
+                if (end <= j0) continue;
+                const std::int64_t len = end - j0;
+                DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>() + j0, c.ldp,
+                           static_cast<const unsigned char*>(vr.data()) + j0 * vr.ld * esize, dtype, vr.ld, len,
+                           round_up(len, 2), H, Hp, j0 == 0 ? corr.data() : nullptr, rows,
+                           vr.scales() ? vr.scales() + j0 * Rows::kLdScale : nullptr, Rows::kLdScale};
+                k->decode_pv_rows(t);
+                j0 = end;
+              }
+              ASSERT_EQ(whole, std::vector<float>(o.as<float>(), o.as<float>() + rows * c.ldo))
+                  << "cut at " << cuts[0] << (cuts.size() > 1 ? " and " + std::to_string(cuts[1]) : "");
+            }
+          }
+        }
+      }
+}
+
 TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
   const auto sets = decode_sets();
   if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";

@@ -247,6 +247,10 @@ const FlashKernels& amx_kernels() {
     s.decode_qk_rows = amx_decode_qk_rows;
     s.decode_pv_rows = amx_decode_pv_rows;
     s.decode_max_rows = kAmxDecodeMaxRows;
+    s.decode_pv_step_keys = kAmxDecodePvKeys;
+    // No overlap: with the tiles, its prefetches stalled the core more than they hid (T = 2 1.39x,
+    // T = 16 1.24x faster without; docs/performance.md, session 20).
+    s.decode_overlap_rows = 0;
     return s;
   }();
   amx::g_config_epoch.fetch_add(1, std::memory_order_relaxed);

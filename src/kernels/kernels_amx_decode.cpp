@@ -13,16 +13,19 @@
 //     per block: pieces of a block share it), C is 16 keys x 16 columns; row r of S is column r of C
 //     (a gather per row and 16 keys). Each key's logit is computed on its own, so its bits do not
 //     depend on how the keys are cut into calls.
-//   P.V as O = P V: A is P's 16 keys (words 0..7 of each row, the rest zero), B is the V rows of those
-//     16 keys as word pairs (interleaved here: vpunpck{l,h}wd, which leaves the columns of each 32 in
-//     the order 0-3, 8-11, .., 4-7, 12-15, ..; O goes through a scratch in that order), C is O itself
-//     (4 tiles, 64 columns: the columns go in groups of 64, each a pass over the call's keys). Steps
-//     of 16 keys, not 32: a tdpbf16ps does not sum 32 keys as two 16-key steps would (checked on
-//     Sapphire Rapids), so the keys are summed per 16 of the call, and calls cut at multiples of 16
-//     (pages, the overlap's pieces) give the bits of one call.
+//   P.V as O = P V: A is P's 32 keys (a tile straight from P's rows for a whole step of 16 rows,
+//     else staged with the keys past the call zero), B is the V rows of those 32 keys as word pairs
+//     (interleaved here: vpunpck{l,h}wd, which leaves the columns of each 32 in the order 0-3, 8-11,
+//     .., 4-7, 12-15, ..; O goes through a scratch in that order), C is O itself (4 tiles, 64 columns:
+//     the columns go in groups of 64, each a pass over the call's keys). Steps of 32 keys of the call
+//     (kAmxDecodePvKeys): a tdpbf16ps does not sum 32 keys as two 16-key steps would (checked on
+//     Sapphire Rapids), so calls cut at multiples of 32 (the decode path cuts nowhere else:
+//     FlashKernels::decode_pv_step_keys) give the bits of one call. Session 12 stepped 16 keys (half
+//     of each A tile zero) to allow cuts at any page; 32 halved the tdpbf16ps and dropped P's copy.
 // The operands, not their dtype, decide the bits: f16 and f32 rows take the tiles as the bf16 rows
-// holding their rounded values do. Measured (docs/performance.md, session 12): with K/V in L2 these
-// kernels take ~25 ns per key at 8 rows (the FMA ones ~60); with K/V streaming from DRAM at 4 rows
+// holding their rounded values do. Measured (docs/performance.md, sessions 12 and 20): with K/V in L2
+// these kernels take ~13 ns per key at 8 rows, ~16 at 16 (the FMA ones ~60 at 8); with K/V streaming
+// from DRAM at 4 rows
 // (T = 1 at G = 4) they were slower than the vector kernels (the tiles read 16 rows a column chunk at a
 // time, which the hardware prefetchers do not follow), hence kTileMinRows.
 #include <immintrin.h>
@@ -44,7 +47,8 @@ using amx::kTileBytes;
 using amx::kTileRows;
 constexpr int kMaxHp = 256;                 // the widest rows on the tile unit
 constexpr int kMaxChunks = kMaxHp / 32;     // 32-column chunks of a row
-constexpr int kKeys = 16;                   // keys per tile step
+constexpr int kKeys = 16;                   // keys per Q.K tile step
+constexpr int kPvKeys = kAmxDecodePvKeys;   // keys per P.V tile step
 constexpr int kTileMinRows = 8;             // fewer rows a call go to the vector kernels
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
@@ -74,7 +78,13 @@ struct alignas(64) QkScratch {
   alignas(64) std::uint16_t k[4][kTileRows * kMaxHp];
   alignas(64) float c[2][kTileRows][16];               // two C tiles: [key][row]
 };
-thread_local QkScratch t_qk;
+// A thread's scratch, by reference from a call the compiler cannot see through: with the
+// thread_local itself in view it derived the address again (a __tls_get_addr call, PIC) inside the
+// loops.
+__attribute__((noinline)) QkScratch& qk_scratch() {
+  thread_local QkScratch w;
+  return w;
+}
 
 // Builds qt from the call's Q rows unless it holds them already (pieces of one block share them).
 void load_q(const DecodeQk& t, QkScratch& w) {
@@ -130,14 +140,13 @@ inline void qk_steps(const char* a0, std::int64_t ld0, const char* a1, std::int6
 }
 #undef FLASHGQA_QK_STEP
 
-// The A tile of keys [j, j + 16): straight from the rows when they are bf16 and all there, else staged
+// The A tile of keys [j, j + 16) (rows ldk bytes apart): straight from the rows when they are bf16 and all there, else staged
 // in w.k[slot] (rounded to bf16 as load32_bf16 does; rows at or past n zero).
 struct KeyTile {
   const char* at;
   std::int64_t ld;  // bytes
 };
-inline KeyTile key_tile(const DecodeQk& t, std::int64_t j, QkScratch& w, int slot) {
-  const std::int64_t ldk = t.ldk * static_cast<std::int64_t>(dtype_size(t.k_dtype));
+inline KeyTile key_tile(const DecodeQk& t, std::int64_t ldk, std::int64_t j, QkScratch& w, int slot) {
   const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n);
   if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
   std::uint16_t* dst = w.k[slot];
@@ -150,8 +159,9 @@ inline KeyTile key_tile(const DecodeQk& t, std::int64_t j, QkScratch& w, int slo
 
 template <int kNc>
 void qk_rows(const DecodeQk& t) {
-  QkScratch& w = t_qk;
+  QkScratch& w = qk_scratch();
   load_q(t, w);
+  const std::int64_t ldk = t.ldk * static_cast<std::int64_t>(dtype_size(t.k_dtype));
   if constexpr (kNc <= 4) {
     _tile_loadd(4, w.qt[0], kTileBytes);
     if constexpr (kNc > 1) _tile_loadd(5, w.qt[1], kTileBytes);
@@ -160,7 +170,7 @@ void qk_rows(const DecodeQk& t) {
   }
   std::int64_t j = 0;
   for (int step = 0; j + 2 * kKeys <= t.n; j += 2 * kKeys, ++step) {
-    const KeyTile a0 = key_tile(t, j, w, 2 * (step & 1)), a1 = key_tile(t, j + kKeys, w, 2 * (step & 1) + 1);
+    const KeyTile a0 = key_tile(t, ldk, j, w, 2 * (step & 1)), a1 = key_tile(t, ldk, j + kKeys, w, 2 * (step & 1) + 1);
     _tile_zero(0);
     _tile_zero(1);
     qk_steps<kNc, true>(a0.at, a0.ld, a1.at, a1.ld, w);
@@ -170,7 +180,7 @@ void qk_rows(const DecodeQk& t) {
     store_s(t, w.c[1], j + kKeys);
   }
   for (; j < t.n; j += kKeys) {
-    const KeyTile a = key_tile(t, j, w, 0);
+    const KeyTile a = key_tile(t, ldk, j, w, 0);
     _tile_zero(0);
     qk_steps<kNc, false>(a.at, a.ld, a.at, a.ld, w);
     _tile_stored(0, w.c[0], kTileBytes);
@@ -184,10 +194,13 @@ struct alignas(64) PvScratch {
   float o[kTileRows][kMaxHp];           // O rows, each 32 columns in the order of the B tiles
   // Two of each, for alternate steps: a step's stores then need not wait for the previous step's
   // tile loads to read the same lines (2x faster measured).
-  std::uint16_t a[2][kTileRows][32];     // A: P's 16 keys in words 0..7 of each row; words 8..15 stay 0
-  std::uint16_t b[2][4][kTileRows][32];  // B: word rows 0..7 the V pairs; rows 8..15 stay 0
+  std::uint16_t a[2][kTileRows][32];     // A when staged: P's 32 keys of each row
+  std::uint16_t b[2][4][kTileRows][32];  // B: word row i the V pairs of keys 2i, 2i + 1
 };
-thread_local PvScratch t_pv;
+__attribute__((noinline)) PvScratch& pv_scratch() {  // (as qk_scratch)
+  thread_local PvScratch w;
+  return w;
+}
 
 // The order of a 32-column block in the scratch: lane l of its first 16 is column 8 (l / 4) + l % 4,
 // of its second 16 that plus 4 (what vpunpcklwd / vpunpckhwd of two rows' 32 columns give).
@@ -205,7 +218,8 @@ inline __m512i from_tiles_index(int half) {  // the inverse, over the two 16-lan
   return _mm512_load_si512(idx);
 }
 
-// One pass over the call's keys for the columns [h0, h0 + 32 kBlocks) (C tiles tmm0 .. tmm(2 kBlocks - 1)).
+// One pass over the call's keys for the columns [h0, h0 + 32 kBlocks) (C tiles tmm0 .. tmm(2 kBlocks - 1)),
+// in steps of kPvKeys keys of the call.
 template <int kBlocks>
 void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
   constexpr std::int64_t kLdo = kMaxHp * 4;
@@ -223,24 +237,49 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
     return t.v_dtype == DType::bf16 ? _mm512_loadu_si512(row + (h0 + 32 * c) * 2)
                                     : load32_bf16(row, t.v_dtype, h0 + 32 * c, t.H);
   };
-  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kKeys) {
-    const __mmask16 live = first_lanes16(t.nkeys - j0);
-    auto& a = w.a[(j0 / kKeys) & 1];
-    auto& b = w.b[(j0 / kKeys) & 1];
-    for (int r = 0; r < t.rows; ++r)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(a[r]), _mm256_maskz_loadu_epi16(live, p + r * t.ldp + j0));
-    const char* step = step_rows(t.v, t.v_pieces, ldv, j0, t.n, h0 == 0);  // (the first pass prefetches)
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const std::int64_t j = j0 + 2 * i;
-      const char* ra = step + 2 * i * ldv;
-      for (int c = 0; c < kBlocks; ++c) {
-        const __m512i x = j < have ? load(ra, c) : _mm512_setzero_si512();
-        const __m512i y = j + 1 < have ? load(ra + ldv, c) : _mm512_setzero_si512();
-        _mm512_store_si512(b[2 * c][i], _mm512_unpacklo_epi16(x, y));
-        _mm512_store_si512(b[2 * c + 1][i], _mm512_unpackhi_epi16(x, y));
+  for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kPvKeys) {
+    const int slot = static_cast<int>(j0 / kPvKeys) & 1;
+    auto& b = w.b[slot];
+    // A: P's keys [j0, j0 + 32) of each row, straight from P when the call has them all for 16 rows.
+    const void* a = p + j0;
+    std::int64_t lda = t.ldp * 2;
+    if (t.rows < kTileRows || j0 + kPvKeys > t.nkeys) {
+      const __mmask32 live = t.nkeys - j0 >= 32 ? ~__mmask32(0) : (__mmask32(1) << (t.nkeys - j0)) - 1;
+      for (int r = 0; r < t.rows; ++r)
+        _mm512_store_si512(w.a[slot][r], _mm512_maskz_loadu_epi16(live, p + r * t.ldp + j0));
+      a = w.a[slot], lda = kTileBytes;
+    }
+    // B: word row i the pairs of keys j0 + 2i, j0 + 2i + 1 (zero rows past the keys read).
+    if (t.v_dtype == DType::bf16 && j0 + kPvKeys <= have) {  // the common step: 32 bf16 rows, two pieces
+      for (int half = 0; half < 2; ++half) {
+        const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0) + h0 * 2;
+        for (int i = 0; i < kKeys / 2; ++i) {
+          const char* ra = rows + 2 * i * ldv;
+          for (int c = 0; c < kBlocks; ++c) {
+            const __m512i x = _mm512_loadu_si512(ra + 64 * c), y = _mm512_loadu_si512(ra + ldv + 64 * c);
+            _mm512_store_si512(b[2 * c][8 * half + i], _mm512_unpacklo_epi16(x, y));
+            _mm512_store_si512(b[2 * c + 1][8 * half + i], _mm512_unpackhi_epi16(x, y));
+          }
+        }
+      }
+    } else {
+      const std::int64_t pairs = (have - j0 + 1) / 2;  // > 0: keys j0.. are read, up to 31 of them
+      for (std::int64_t i = 0; i < kPvKeys / 2; ++i) {
+        const std::int64_t j = j0 + 2 * i;
+        if (i < pairs) {
+          const char* ra = step_rows(t.v, t.v_pieces, ldv, j, t.n, h0 == 0 && j % kKeys == 0);
+          for (int c = 0; c < kBlocks; ++c) {
+            const __m512i x = load(ra, c);
+            const __m512i y = j + 1 < have ? load(ra + ldv, c) : _mm512_setzero_si512();
+            _mm512_store_si512(b[2 * c][i], _mm512_unpacklo_epi16(x, y));
+            _mm512_store_si512(b[2 * c + 1][i], _mm512_unpackhi_epi16(x, y));
+          }
+        } else {
+          for (int c = 0; c < 2 * kBlocks; ++c) _mm512_store_si512(b[c][i], _mm512_setzero_si512());
+        }
       }
     }
-    _tile_loadd(4, a, kTileBytes);
+    _tile_loadd(4, a, lda);
     _tile_loadd(5, b[0], kTileBytes);
     _tile_dpbf16ps(0, 4, 5);
     _tile_loadd(6, b[1], kTileBytes);
@@ -261,7 +300,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
 }
 
 void pv_rows(const DecodePv& t) {
-  PvScratch& w = t_pv;
+  PvScratch& w = pv_scratch();
   const __m512i to0 = to_tiles_index(0), to1 = to_tiles_index(1);
   for (int r = 0; r < t.rows; ++r) {  // O corr into the scratch, in the tiles' column order
     const __m512 f = _mm512_set1_ps(t.corr != nullptr ? t.corr[r] : 1.0f);

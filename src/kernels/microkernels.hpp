@@ -103,8 +103,9 @@
 //                   as zero rows; V is zero past H, and a set may leave those products out, which only
 //                   a NaN or infinite weight (or a -0 in O) would tell apart, in O's columns [H, Hp)
 //                   that are never output; each O element accumulates its keys in increasing j: one by one,
-//                   or on the amx tiles in steps of 16 keys of the call, each step's sum as
-//                   tdpbf16ps forms it, so calls cut at multiples of 16 keys give the bits of one).
+//                   or on the amx tiles in steps of 32 keys of the call (kAmxDecodePvKeys), each step's
+//                   sum as tdpbf16ps forms it, so calls cut at multiples of the set's
+//                   decode_pv_step_keys give the bits of one).
 // The operands decide the bits: a bf16 or f16 row gives the bits of the f32 row holding its bf16
 // operands (each set takes the same path for every float dtype).
 // int8 rows (the KV-cache API's quantized cache, x_j the int8 row of key j, s_j = scale[j * ld_scale];
@@ -218,6 +219,8 @@ constexpr int kDecodeMaxRows = 8;
 // Keys per piece of a decode call's pieces (DecodeQk::k_pieces, DecodePv::v_pieces).
 constexpr int kDecodePieceKeys = 16;
 constexpr int kAmxDecodeMaxRows = 16;
+// Keys per step of the amx set's P.V tiles: one tdpbf16ps sums 32 keys (FlashKernels::decode_pv_step_keys).
+constexpr int kAmxDecodePvKeys = 32;
 // The integers form's Q.K: a call with a Q row whose largest |q| is below this takes the products form
 // (the factor 32767 / max|q| would overflow fp32 below about 2^-113).
 constexpr float kI16MinQ = 0x1p-100f;
@@ -316,6 +319,11 @@ struct FlashKernels {
   // (DecodeQk::k_pieces, DecodePv::v_pieces): small pages are then read where they lie, in one call
   // per block, instead of copied together first (flash_decode.cpp).
   bool decode_row_pieces = false;
+  // decode_pv_rows calls cut at multiples of this many keys give the bits of one call on the same keys
+  // (the vector kernels sum key by key, their int8 integers form per 16 keys; the amx tiles per 32).
+  // The decode path cuts a block's calls only there: pages of another size go in one call per block
+  // (flash_decode.cpp).
+  int decode_pv_step_keys = kDecodePieceKeys;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
