@@ -9,10 +9,10 @@
 // Rapids core. A tdpbf16ps takes ~16 cycles whatever its shape (measured there), so the rows of a
 // group cost the tile unit little, and a group can hold 16 rows, not 8:
 //   Q.K as S^T = K Q^T: A is 16 K rows (64 bytes of each) loaded straight from bf16 rows (staged,
-//     rounded to bf16, from others), B is Q^T (the word pairs of the Q rows as its columns, built once
-//     per block: pieces of a block share it), C is 16 keys x 16 columns; row r of S is column r of C
-//     (a gather per row and 16 keys). Each key's logit is computed on its own, so its bits do not
-//     depend on how the keys are cut into calls.
+//     rounded to bf16, from others), B is Q^T (the word pairs of the Q rows as its columns, a
+//     transpose in registers once per block: pieces of a block share it), C is 16 keys x 16 columns;
+//     row r of S is column r of C (C transposed in registers, 16 keys at a time). Each key's logit is
+//     computed on its own, so its bits do not depend on how the keys are cut into calls.
 //   P.V as O = P V: A is P's 32 keys (a tile straight from P's rows for a whole step of 16 rows,
 //     else staged with the keys past the call zero), B is the V rows of those 32 keys as word pairs
 //     (interleaved here: vpunpck{l,h}wd, which leaves the columns of each 32 in the order 0-3, 8-11,
@@ -24,10 +24,11 @@
 //     of each A tile zero) to allow cuts at any page; 32 halved the tdpbf16ps and dropped P's copy.
 // The operands, not their dtype, decide the bits: f16 and f32 rows take the tiles as the bf16 rows
 // holding their rounded values do. Measured (docs/performance.md, sessions 12 and 20): with K/V in L2
-// these kernels take ~13 ns per key at 8 rows, ~16 at 16 (the FMA ones ~60 at 8); with K/V streaming
-// from DRAM at 4 rows
-// (T = 1 at G = 4) they were slower than the vector kernels (the tiles read 16 rows a column chunk at a
-// time, which the hardware prefetchers do not follow), hence kTileMinRows.
+// these kernels take ~10-11 ns per key at 8 rows, ~14 at 16 (the FMA ones ~60 at 8). Session 12 found
+// the tiles slower than the vector kernels at 4 rows (T = 1 at G = 4) with K/V streaming from DRAM,
+// and kept them for 8 rows or more; with 32-key P.V steps and S transposed in registers they are
+// faster there too (page 16 1.19x, page 256 1.06x, dense 1.03x), so kTileMinRows is 4. At 1 and 2
+// rows (G = 1, 2 at T = 1) the vector kernels stay ahead (dense 1.04-1.1x).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -49,7 +50,7 @@ constexpr int kMaxHp = 256;                 // the widest rows on the tile unit
 constexpr int kMaxChunks = kMaxHp / 32;     // 32-column chunks of a row
 constexpr int kKeys = 16;                   // keys per Q.K tile step
 constexpr int kPvKeys = kAmxDecodePvKeys;   // keys per P.V tile step
-constexpr int kTileMinRows = 8;             // fewer rows a call go to the vector kernels
+constexpr int kTileMinRows = 4;             // fewer rows a call go to the vector kernels
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
@@ -86,30 +87,60 @@ __attribute__((noinline)) QkScratch& qk_scratch() {
   return w;
 }
 
-// Builds qt from the call's Q rows unless it holds them already (pieces of one block share them).
+// out[l] lane i = in[i] lane l (32-bit lanes): each 4 rows into 4 x 4 blocks (unpack, shuffle_ps),
+// then the 128-bit lanes (shuffle_f32x4); 64 shuffles. (GCC 12's headers warn that their own
+// _mm512_undefined_ps is uninitialized where these inline, GCC bug 105593: silenced here.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+inline void transpose16(const __m512 (&in)[16], __m512 (&out)[16]) {
+  __m512 u[16];  // u[4g + m], 128-bit lane k: lanes 4k + m of rows 4g..4g+3
+  for (int g = 0; g < 4; ++g) {
+    const __m512 t0 = _mm512_unpacklo_ps(in[4 * g], in[4 * g + 1]), t1 = _mm512_unpackhi_ps(in[4 * g], in[4 * g + 1]);
+    const __m512 t2 = _mm512_unpacklo_ps(in[4 * g + 2], in[4 * g + 3]);
+    const __m512 t3 = _mm512_unpackhi_ps(in[4 * g + 2], in[4 * g + 3]);
+    u[4 * g] = _mm512_shuffle_ps(t0, t2, 0x44);
+    u[4 * g + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
+    u[4 * g + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
+    u[4 * g + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {  // out lanes m, 4 + m, 8 + m, 12 + m
+    const __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
+    out[m] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+    out[4 + m] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+    out[8 + m] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+    out[12 + m] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+  }
+}
+#pragma GCC diagnostic pop
+
+// Builds qt from the call's Q rows unless it holds them already (pieces of one block share them): per
+// 32-column chunk, the transpose of the rows' 16 words (rows past the call's zero).
 void load_q(const DecodeQk& t, QkScratch& w) {
   const auto* q = static_cast<const std::uint16_t*>(t.q);
   bool same = w.rows == t.rows && w.Hp == t.Hp;
   for (int r = 0; r < t.rows && same; ++r) same = std::memcmp(w.q[r], q + r * t.ldq, t.Hp * 2) == 0;
   if (same) return;
-  std::memset(w.qt, 0, sizeof w.qt);
-  for (int r = 0; r < t.rows; ++r) {
-    std::memcpy(w.q[r], q + r * t.ldq, t.Hp * 2);
-    const auto* words = reinterpret_cast<const word_t*>(w.q[r]);
-    for (std::int64_t i = 0; i < t.Hp / 2; ++i) w.qt[i / 16][i % 16][r] = words[i];
+  for (int r = 0; r < t.rows; ++r) std::memcpy(w.q[r], q + r * t.ldq, t.Hp * 2);
+  for (std::int64_t c = 0; c < t.Hp / 32; ++c) {
+    __m512 in[16], out[16];
+    for (int r = 0; r < kTileRows; ++r) in[r] = r < t.rows ? _mm512_loadu_ps(&w.q[r][32 * c]) : _mm512_setzero_ps();
+    transpose16(in, out);
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(reinterpret_cast<float*>(w.qt[c][i]), out[i]);
   }
   w.rows = t.rows, w.Hp = static_cast<int>(t.Hp);
 }
 
-// S[r][j0 + i] = scale C[i][r] for the 16 keys of one stored C tile; columns at or past n zero.
+// S[r][j0 + i] = scale C[i][r] for the 16 keys of one stored C tile (transposed in registers, where
+// 16 gathers took longer: docs/performance.md, session 20); columns at or past n zero.
 inline void store_s(const DecodeQk& t, const float (*c)[16], std::int64_t j0) {
-  const __m512i keys = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(16));
+  __m512 in[16], out[16];
+  for (int i = 0; i < 16; ++i) in[i] = _mm512_load_ps(c[i]);
+  transpose16(in, out);
   const __m512 scale = _mm512_set1_ps(t.scale);
   const __mmask16 live = first_lanes16(t.n - j0);
-  for (int r = 0; r < t.rows; ++r)
-    _mm512_storeu_ps(t.s + r * t.lds + j0,
-                     _mm512_maskz_mul_ps(live, _mm512_i32gather_ps(keys, &c[0][r], 4), scale));
+  for (int r = 0; r < t.rows; ++r) _mm512_storeu_ps(t.s + r * t.lds + j0, _mm512_maskz_mul_ps(live, out[r], scale));
 }
 
 // The steps of the reduction for C tiles tmm0 (keys at a0) and, with kTwo, tmm1 (keys at a1): A in
