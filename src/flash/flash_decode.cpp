@@ -25,6 +25,10 @@
 // at wider H), become bf16 words once per block (K and V, Hp per key, in the workspace: 256 KiB
 // at H = 128), and every group runs on those as bf16 rows: the operands the kernels would form, so the
 // same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
+// Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
+// rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
+// is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
+// once per block (T = 16 1.09x faster, session 20).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
@@ -51,7 +55,8 @@
 // of one call (as with pages). Measured on Zen 4: T = 2 1.33x, T = 4 1.2x, T = 16 1.06x faster; G*T = 4
 // rows (T = 1 at G = 4, bound by the stream) 1.16x slower with it, hence the row threshold
 // (docs/performance.md, session 10). On Zen 3 (the avx2 set, whose decode_overlap_rows is 0) the
-// prefetches cost more than they hid: T = 2 1.2x, T = 4 1.1x slower with them (session 15).
+// prefetches cost more than they hid: T = 2 1.2x, T = 4 1.1x slower with them (session 15); on
+// Sapphire Rapids' amx tiles (0 too) T = 2 1.39x, T = 16 1.24x slower (session 20).
 #include "flash/flash_decode.hpp"
 
 #include <algorithm>
@@ -266,15 +271,16 @@ struct Workspace {
 };
 
 // One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
-// the block): S = scale Q K^T, the softcap, the online softmax, O = O corr + P V.
+// the block; block_seen the keys its last row sees; more: a group follows): S = scale Q K^T, the
+// softcap, the online softmax, O = O corr + P V. v_kept: this thread's last P.V call of the block had
+// keep_v (in and out).
 void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
-               std::int64_t r0, std::int64_t R) {
+               std::int64_t r0, std::int64_t R, std::int64_t block_seen, bool more, bool& v_kept) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp;
   const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
   const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
-  const std::int64_t keys_seen = hi[R - 1];  // the last row (latest position) sees the last keys
-  if (keys_seen <= lo[0]) return;            // no row of the group sees a key of this block
+  if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block (the last row sees the last keys)
   const std::uint16_t* q = w.q.as<std::uint16_t>() + r0 * Hp;
   float* o = w.o.as<float>() + r0 * Hp;
   float* corr = w.corr.as<float>() + r0;
@@ -282,6 +288,12 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const bool overlap =
       plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
   const std::int64_t piece = overlap ? kOverlapKeys : 0;
+  // With one P.V call per group, every group of the block takes the keys the block's last row sees
+  // (the rows past their own keys masked as always), so the V operands stay the same from group to
+  // group: the kernels may keep what they form from them (DecodePv::keep_v, same_v).
+  const bool one_pv = plan.convert_v || (plan.pages == nullptr ? piece == 0 : plan.one_call);
+  const bool shares = one_pv && plan.M > plan.R;
+  const std::int64_t keys_seen = shares ? block_seen : hi[R - 1];
   // Small pages' bf16 rows where they lie (for_each_piece), on a set that takes them.
   const void** pieces = kern.decode_row_pieces ? w.pieces.as<const void*>() : nullptr;
   // One kernel call on keys [j0, j0 + len) of the block, their rows at k (ldk apart).
@@ -314,7 +326,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   const auto pv = [&](std::int64_t j0, const void* v, DType dtype, std::int64_t len, std::int64_t ldv, PieceScales vs,
                       const void* const* in_pieces) {
     kern.decode_pv_rows({o, Hp, w.p.as<std::uint16_t>() + j0, w.ld, v, dtype, ldv, len, round_up(len, 2), p.H, Hp,
-                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces});
+                         moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces,
+                         shares && more, shares && v_kept});
   };
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
@@ -327,6 +340,7 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
                      if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
                      pv(j0, v, p.v_dtype, len, ldv, vs, in_pieces);
                    });
+  v_kept = shares && more;
 }
 
 // Keys [s0, s0 + n) of the task's K (is_k) or V rows as bf16 words at dst, Hp per key (page by page,
@@ -371,7 +385,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
     if (plan.convert_k) rows_to_bf16(p, plan, task, true, s0, hi[M - 1], w.k_bf16.as<std::uint16_t>());
     if (plan.convert_v) rows_to_bf16(p, plan, task, false, s0, hi[M - 1], w.v_bf16.as<std::uint16_t>());
     // The row groups one after another on the same block, which stays in L2 after the first.
-    for (std::int64_t r0 = 0; r0 < M; r0 += plan.R) run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0));
+    bool v_kept = false;
+    for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
+      run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1], r0 + plan.R < M, v_kept);
   }
   finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
 }

@@ -82,7 +82,11 @@ inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::i
   return round2_bf16(load16_f32(row, dtype, h0, H), load16_f32(row, dtype, h0 + 16, H));
 }
 
-// In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i.
+// In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i. (Where it
+// inlines into a loop over arrays, GCC 12 warns that its headers' own _mm512_undefined_epi32 is
+// uninitialized, GCC bug 105593: silenced here.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 inline void transpose16x16_epi32(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 8; ++i) {
@@ -107,6 +111,7 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
+#pragma GCC diagnostic pop
 
 // 2^x, the polynomial of exp_poly.hpp: f = x - floor(x) (vreduceps, round-down mode), P(f), and
 // vscalefps multiplies by 2^floor(x). x = -inf gives f = 0 and 2^-inf = 0; NaN stays NaN; overflow

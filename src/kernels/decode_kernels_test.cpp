@@ -427,6 +427,52 @@ TEST(DecodeKernels, PvCallsCutAtTheStepKeysGiveTheBitsOfOne) {
       }
 }
 
+// DecodePv::keep_v and same_v are hints: a call with same_v after one with keep_v (the row groups of
+// one block: other weights, rows and O, the same V) gives the bits of the same call without them, and
+// so does a call without same_v after one with keep_v. Every set, float and int8 rows, partial steps.
+TEST(DecodeKernels, KeptVGivesTheBitsOfFormingItAgain) {
+  const std::vector<const FlashKernels*> sets = decode_sets();
+  if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";
+  std::mt19937 rng(31);
+  for (const FlashKernels* k : sets)
+    for (DType dtype : {DType::bf16, DType::f32, DType::i8})
+      for (std::int64_t H : {64, 96, 128, 256})
+        for (std::int64_t n : {1, 31, 64, 100}) {
+          const std::int64_t Hp = round_up(H, kHTile), nkeys = round_up(n, 2);
+          const Rows vr = make_rows(dtype, n, nkeys, H, rng);
+          SCOPED_TRACE(std::string(k->name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
+                       std::to_string(n));
+          // Three calls on the same V, as three row groups would make them: without the hints, then
+          // with them (one after the other, as the contract has it).
+          std::vector<PvCase> cases;
+          std::vector<std::vector<std::uint16_t>> ps;
+          std::vector<std::vector<float>> o0s, results[2];
+          const std::vector<float> corr(static_cast<std::size_t>(k->decode_max_rows), 0.75f);
+          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+          for (int g = 0; g < 3; ++g) {
+            const int rows = g == 2 ? 3 : k->decode_max_rows;
+            cases.push_back({rows, n, nkeys, H, Hp, round_up(n, 16) + 32, Hp + 32, g == 1});
+            ps.push_back(make_p(cases.back(), rng));
+            o0s.emplace_back(static_cast<std::size_t>(rows * cases.back().ldo), kSentinel);
+            for (int r = 0; r < rows; ++r)
+              for (std::int64_t h = 0; h < Hp; ++h) o0s.back()[static_cast<std::size_t>(r * cases.back().ldo + h)] = val(rng);
+          }
+          for (bool hints : {false, true})
+            for (int g = 0; g < 3; ++g) {
+              const PvCase& c = cases[static_cast<std::size_t>(g)];
+              AlignedBuffer o(static_cast<std::size_t>(c.rows * c.ldo) * 4), pb(ps[static_cast<std::size_t>(g)].size() * 2);
+              std::copy(o0s[static_cast<std::size_t>(g)].begin(), o0s[static_cast<std::size_t>(g)].end(), o.as<float>());
+              std::copy(ps[static_cast<std::size_t>(g)].begin(), ps[static_cast<std::size_t>(g)].end(), pb.as<std::uint16_t>());
+              DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>(), c.ldp, vr.data(), dtype, vr.ld, n, nkeys, H, Hp,
+                         c.corr ? corr.data() : nullptr, c.rows, vr.scales(), Rows::kLdScale, nullptr,
+                         hints && g < 2, hints && g > 0};
+              k->decode_pv_rows(t);
+              results[hints].emplace_back(o.as<float>(), o.as<float>() + c.rows * c.ldo);
+            }
+          ASSERT_EQ(results[0], results[1]);
+        }
+}
+
 TEST(DecodeKernels, Int8RowsMatchTheScalarModel) {
   const auto sets = decode_sets();
   if (sets.empty()) GTEST_SKIP() << "no kernel set with decode kernels runs here";

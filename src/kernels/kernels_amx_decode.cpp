@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/aligned_buffer.hpp"
 #include "core/dtype.hpp"
 #include "kernels/amx_tiles.hpp"
 #include "kernels/avx512_helpers.hpp"
@@ -87,34 +88,6 @@ __attribute__((noinline)) QkScratch& qk_scratch() {
   return w;
 }
 
-// out[l] lane i = in[i] lane l (32-bit lanes): each 4 rows into 4 x 4 blocks (unpack, shuffle_ps),
-// then the 128-bit lanes (shuffle_f32x4); 64 shuffles. (GCC 12's headers warn that their own
-// _mm512_undefined_ps is uninitialized where these inline, GCC bug 105593: silenced here.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-inline void transpose16(const __m512 (&in)[16], __m512 (&out)[16]) {
-  __m512 u[16];  // u[4g + m], 128-bit lane k: lanes 4k + m of rows 4g..4g+3
-  for (int g = 0; g < 4; ++g) {
-    const __m512 t0 = _mm512_unpacklo_ps(in[4 * g], in[4 * g + 1]), t1 = _mm512_unpackhi_ps(in[4 * g], in[4 * g + 1]);
-    const __m512 t2 = _mm512_unpacklo_ps(in[4 * g + 2], in[4 * g + 3]);
-    const __m512 t3 = _mm512_unpackhi_ps(in[4 * g + 2], in[4 * g + 3]);
-    u[4 * g] = _mm512_shuffle_ps(t0, t2, 0x44);
-    u[4 * g + 1] = _mm512_shuffle_ps(t0, t2, 0xEE);
-    u[4 * g + 2] = _mm512_shuffle_ps(t1, t3, 0x44);
-    u[4 * g + 3] = _mm512_shuffle_ps(t1, t3, 0xEE);
-  }
-  for (int m = 0; m < 4; ++m) {  // out lanes m, 4 + m, 8 + m, 12 + m
-    const __m512 v0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44), v1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xEE);
-    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
-    const __m512 v3 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xEE);
-    out[m] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-    out[4 + m] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-    out[8 + m] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-    out[12 + m] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-  }
-}
-#pragma GCC diagnostic pop
-
 // Builds qt from the call's Q rows unless it holds them already (pieces of one block share them): per
 // 32-column chunk, the transpose of the rows' 16 words (rows past the call's zero).
 void load_q(const DecodeQk& t, QkScratch& w) {
@@ -124,10 +97,10 @@ void load_q(const DecodeQk& t, QkScratch& w) {
   if (same) return;
   for (int r = 0; r < t.rows; ++r) std::memcpy(w.q[r], q + r * t.ldq, t.Hp * 2);
   for (std::int64_t c = 0; c < t.Hp / 32; ++c) {
-    __m512 in[16], out[16];
-    for (int r = 0; r < kTileRows; ++r) in[r] = r < t.rows ? _mm512_loadu_ps(&w.q[r][32 * c]) : _mm512_setzero_ps();
-    transpose16(in, out);
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(reinterpret_cast<float*>(w.qt[c][i]), out[i]);
+    __m512i x[16];
+    for (int r = 0; r < kTileRows; ++r) x[r] = r < t.rows ? _mm512_loadu_si512(&w.q[r][32 * c]) : _mm512_setzero_si512();
+    transpose16x16_epi32(x);
+    for (int i = 0; i < 16; ++i) _mm512_store_si512(w.qt[c][i], x[i]);
   }
   w.rows = t.rows, w.Hp = static_cast<int>(t.Hp);
 }
@@ -135,12 +108,13 @@ void load_q(const DecodeQk& t, QkScratch& w) {
 // S[r][j0 + i] = scale C[i][r] for the 16 keys of one stored C tile (transposed in registers, where
 // 16 gathers took longer: docs/performance.md, session 20); columns at or past n zero.
 inline void store_s(const DecodeQk& t, const float (*c)[16], std::int64_t j0) {
-  __m512 in[16], out[16];
-  for (int i = 0; i < 16; ++i) in[i] = _mm512_load_ps(c[i]);
-  transpose16(in, out);
+  __m512i x[16];
+  for (int i = 0; i < 16; ++i) x[i] = _mm512_load_si512(c[i]);
+  transpose16x16_epi32(x);
   const __m512 scale = _mm512_set1_ps(t.scale);
   const __mmask16 live = first_lanes16(t.n - j0);
-  for (int r = 0; r < t.rows; ++r) _mm512_storeu_ps(t.s + r * t.lds + j0, _mm512_maskz_mul_ps(live, out[r], scale));
+  for (int r = 0; r < t.rows; ++r)
+    _mm512_storeu_ps(t.s + r * t.lds + j0, _mm512_maskz_mul_ps(live, _mm512_castsi512_ps(x[r]), scale));
 }
 
 // The steps of the reduction for C tiles tmm0 (keys at a0) and, with kTwo, tmm1 (keys at a1): A in
@@ -227,7 +201,12 @@ struct alignas(64) PvScratch {
   // tile loads to read the same lines (2x faster measured).
   std::uint16_t a[2][kTileRows][32];     // A when staged: P's 32 keys of each row
   std::uint16_t b[2][4][kTileRows][32];  // B: word row i the V pairs of keys 2i, 2i + 1
+  // With DecodePv::keep_v, every step's B tiles instead ([pass][step][4]), for calls with same_v.
+  AlignedBuffer kept;
+  const void* kept_v = nullptr;  // what they were formed from (checked again with same_v)
+  std::int64_t kept_n = -1, kept_nkeys = -1, kept_Hp = -1;
 };
+using BTiles = std::uint16_t[4][kTileRows][32];
 __attribute__((noinline)) PvScratch& pv_scratch() {  // (as qk_scratch)
   thread_local PvScratch w;
   return w;
@@ -251,8 +230,10 @@ inline __m512i from_tiles_index(int half) {  // the inverse, over the two 16-lan
 
 // One pass over the call's keys for the columns [h0, h0 + 32 kBlocks) (C tiles tmm0 .. tmm(2 kBlocks - 1)),
 // in steps of kPvKeys keys of the call.
+// kept: the call's B tiles of this pass, one BTiles per step (formed here unless `formed`), or null
+// (formed in w.b).
 template <int kBlocks>
-void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
+void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0, BTiles* kept, bool formed) {
   constexpr std::int64_t kLdo = kMaxHp * 4;
   _tile_loadd(0, &w.o[0][h0], kLdo);
   _tile_loadd(1, &w.o[0][h0 + 16], kLdo);
@@ -270,7 +251,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
   };
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kPvKeys) {
     const int slot = static_cast<int>(j0 / kPvKeys) & 1;
-    auto& b = w.b[slot];
+    auto& b = kept != nullptr ? kept[j0 / kPvKeys] : w.b[slot];
     // A: P's keys [j0, j0 + 32) of each row, straight from P when the call has them all for 16 rows.
     const void* a = p + j0;
     std::int64_t lda = t.ldp * 2;
@@ -280,8 +261,9 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
         _mm512_store_si512(w.a[slot][r], _mm512_maskz_loadu_epi16(live, p + r * t.ldp + j0));
       a = w.a[slot], lda = kTileBytes;
     }
-    // B: word row i the pairs of keys j0 + 2i, j0 + 2i + 1 (zero rows past the keys read).
-    if (t.v_dtype == DType::bf16 && j0 + kPvKeys <= have) {  // the common step: 32 bf16 rows, two pieces
+    // B: word row i the pairs of keys j0 + 2i, j0 + 2i + 1 (zero rows past the keys read), unless an
+    // earlier call formed it.
+    if (!formed && t.v_dtype == DType::bf16 && j0 + kPvKeys <= have) {  // the common step: 32 bf16 rows
       for (int half = 0; half < 2; ++half) {
         const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0) + h0 * 2;
         for (int i = 0; i < kKeys / 2; ++i) {
@@ -293,7 +275,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0) {
           }
         }
       }
-    } else {
+    } else if (!formed) {
       const std::int64_t pairs = (have - j0 + 1) / 2;  // > 0: keys j0.. are read, up to 31 of them
       for (std::int64_t i = 0; i < kPvKeys / 2; ++i) {
         const std::int64_t j = j0 + 2 * i;
@@ -342,9 +324,22 @@ void pv_rows(const DecodePv& t) {
       _mm512_store_ps(&w.o[r][h + 16], _mm512_permutex2var_ps(lo, to1, hi));
     }
   }
+  // The B tiles kept for the next calls (keep_v), or those kept by the previous one (same_v).
+  const std::int64_t steps = (t.nkeys + kPvKeys - 1) / kPvKeys, passes = (t.Hp + 63) / 64;
+  const void* v = t.v_pieces != nullptr ? static_cast<const void*>(t.v_pieces) : t.v;
+  const bool formed = t.same_v && w.kept_v == v && w.kept_n == t.n && w.kept_nkeys == t.nkeys && w.kept_Hp == t.Hp;
+  BTiles* kept = nullptr;
+  if (formed || t.keep_v) {
+    const std::size_t bytes = static_cast<std::size_t>(passes * steps) * sizeof(BTiles);
+    if (!formed && w.kept.bytes() < bytes) w.kept.reset(bytes);
+    kept = w.kept.as<BTiles>();
+    w.kept_v = v, w.kept_n = t.n, w.kept_nkeys = t.nkeys, w.kept_Hp = t.Hp;
+  } else {
+    w.kept_v = nullptr;
+  }
   std::int64_t h = 0;
-  for (; h + 64 <= t.Hp; h += 64) pv_columns<2>(t, w, h);
-  if (h < t.Hp) pv_columns<1>(t, w, h);
+  for (; h + 64 <= t.Hp; h += 64) pv_columns<2>(t, w, h, kept ? kept + h / 64 * steps : nullptr, formed);
+  if (h < t.Hp) pv_columns<1>(t, w, h, kept ? kept + h / 64 * steps : nullptr, formed);
   const __m512i from0 = from_tiles_index(0), from1 = from_tiles_index(1);
   for (int r = 0; r < t.rows; ++r)
     for (std::int64_t c = 0; c < t.Hp; c += 32) {

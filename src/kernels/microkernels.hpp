@@ -261,6 +261,11 @@ struct DecodePv {
   std::int64_t ld_scale = 0;
   // As DecodeQk::k_pieces: key j's row at v_pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ldv.
   const void* const* v_pieces = nullptr;
+  // Hints, the same bits either way (the decode path's row groups, which take one block in turn):
+  // keep_v: the next call on this thread may set same_v, so a set may keep what it forms from the V
+  // rows; same_v: the V operands (v or v_pieces and the rows there, v_dtype, ldv, n, nkeys, H, Hp,
+  // v_scale) are those of the previous call on this thread, which had keep_v.
+  bool keep_v = false, same_v = false;
 };
 
 // The backward's elementwise step and packs (see the contract above).
@@ -312,8 +317,8 @@ struct FlashKernels {
   int decode_max_rows = kDecodeMaxRows;
   // The decode path's overlap (flash_decode.cpp: a dense block's first row group in pieces, each
   // prefetching the rows the next phase reads) from this many rows in a group; 0: never. It paid on
-  // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower): docs/performance.md,
-  // sessions 10 and 15.
+  // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower) and on Sapphire
+  // Rapids' amx tiles (T = 2 1.39x slower): docs/performance.md, sessions 10, 15 and 20.
   int decode_overlap_rows = 8;
   // The decode kernels take bf16 rows in pieces of kDecodePieceKeys keys, each at its own address
   // (DecodeQk::k_pieces, DecodePv::v_pieces): small pages are then read where they lie, in one call
