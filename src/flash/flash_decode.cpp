@@ -118,7 +118,8 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   // Blocks start on page pieces' alignment, and no step of the set's P.V straddles two blocks.
   bkv = round_up(bkv, std::max<std::int64_t>(pages != nullptr ? kPageAlign : 1, k.decode_pv_step_keys));
   // Small pages, and pages the set's P.V must not be cut at (its steps would differ from a dense call's).
-  plan.one_call = pages != nullptr && (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
+  plan.one_call = pages != nullptr &&
+                  (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
   plan.work = plan_tasks(p, p.T, bkv);
   return plan;
 }
@@ -307,7 +308,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   if (plan.convert_k)
     qk(0, w.k_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
-    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece, plan.one_call ? w.gather.as<char>() : nullptr,
+    for_each_piece(p, plan.pages, true, task.b, task.kh, s0, keys_seen, piece,
+                   plan.one_call ? w.gather.as<char>() : nullptr,
                    w.gather_scales.as<float>(), pieces,
                    [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks,
                        const void* const* in_pieces) {
@@ -332,7 +334,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
-    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece, plan.one_call ? w.gather.as<char>() : nullptr,
+    for_each_piece(p, plan.pages, false, task.b, task.kh, s0, keys_seen, piece,
+                   plan.one_call ? w.gather.as<char>() : nullptr,
                    w.gather_scales.as<float>(), pieces,
                    [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs,
                        const void* const* in_pieces) {

@@ -51,7 +51,8 @@ constexpr int kMaxHp = 256;                 // the widest rows on the tile unit
 constexpr int kMaxChunks = kMaxHp / 32;     // 32-column chunks of a row
 constexpr int kKeys = 16;                   // keys per Q.K tile step
 constexpr int kPvKeys = kAmxDecodePvKeys;   // keys per P.V tile step
-constexpr int kTileMinRows = 4;             // fewer rows a call go to the vector kernels
+constexpr int kTileMinRows = 4;  // fewer rows a call go to the vector kernels (the same for every dtype:
+                                  // the operands, not the dtype, decide the bits)
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
@@ -67,6 +68,30 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
 // chunks, an even count of them past 4 (qk_steps loads B two chunks at a time there).
 bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
   return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
+}
+
+// Columns [h, h + 32) of a whole row of the dtype (H = Hp on the tiles: no partial chunk) as bf16,
+// rounded as load32_bf16 does; kDtype bf16, f16 or f32.
+template <DType kDtype>
+inline __m512i load32_whole(const char* row, std::int64_t h) {
+  if constexpr (kDtype == DType::bf16) {
+    return _mm512_loadu_si512(row + h * 2);
+  } else if constexpr (kDtype == DType::f16) {
+    const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
+    return round2_bf16(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
+  } else {
+    const auto* x = reinterpret_cast<const float*>(row) + h;
+    return round2_bf16(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
+  }
+}
+
+// f(the load32_whole of the call's float dtype).
+template <typename F>
+inline void with_whole_loads(DType dtype, F f) {
+  using std::int64_t;
+  if (dtype == DType::bf16) return f([](const char* row, int64_t h) { return load32_whole<DType::bf16>(row, h); });
+  if (dtype == DType::f16) return f([](const char* row, int64_t h) { return load32_whole<DType::f16>(row, h); });
+  f([](const char* row, int64_t h) { return load32_whole<DType::f32>(row, h); });
 }
 
 // ---- Q.K ----
@@ -145,8 +170,9 @@ inline void qk_steps(const char* a0, std::int64_t ld0, const char* a1, std::int6
 }
 #undef FLASHGQA_QK_STEP
 
-// The A tile of keys [j, j + 16) (rows ldk bytes apart): straight from the rows when they are bf16 and all there, else staged
-// in w.k[slot] (rounded to bf16 as load32_bf16 does; rows at or past n zero).
+// The A tile of keys [j, j + 16) (rows ldk bytes apart): straight from the rows when they are bf16
+// and all there, else staged in w.k[slot] (rounded to bf16 as load32_bf16 does; rows at or past n
+// zero).
 struct KeyTile {
   const char* at;
   std::int64_t ld;  // bytes
@@ -155,6 +181,13 @@ inline KeyTile key_tile(const DecodeQk& t, std::int64_t ldk, std::int64_t j, QkS
   const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n);
   if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
   std::uint16_t* dst = w.k[slot];
+  if (j + kKeys <= t.n) {  // 16 whole f16 or f32 rows
+    with_whole_loads(t.k_dtype, [&](auto load) {
+      for (int i = 0; i < kTileRows; ++i)
+        for (std::int64_t h = 0; h < t.Hp; h += 32) _mm512_store_si512(dst + i * t.Hp + h, load(rows + i * ldk, h));
+    });
+    return {reinterpret_cast<const char*>(dst), t.Hp * 2};
+  }
   for (int i = 0; i < kTileRows; ++i)
     for (std::int64_t h = 0; h < t.Hp; h += 32)
       _mm512_store_si512(dst + i * t.Hp + h,
@@ -263,18 +296,20 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0, BTiles* kept, 
     }
     // B: word row i the pairs of keys j0 + 2i, j0 + 2i + 1 (zero rows past the keys read), unless an
     // earlier call formed it.
-    if (!formed && t.v_dtype == DType::bf16 && j0 + kPvKeys <= have) {  // the common step: 32 bf16 rows
-      for (int half = 0; half < 2; ++half) {
-        const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0) + h0 * 2;
-        for (int i = 0; i < kKeys / 2; ++i) {
-          const char* ra = rows + 2 * i * ldv;
-          for (int c = 0; c < kBlocks; ++c) {
-            const __m512i x = _mm512_loadu_si512(ra + 64 * c), y = _mm512_loadu_si512(ra + ldv + 64 * c);
-            _mm512_store_si512(b[2 * c][8 * half + i], _mm512_unpacklo_epi16(x, y));
-            _mm512_store_si512(b[2 * c + 1][8 * half + i], _mm512_unpackhi_epi16(x, y));
+    if (!formed && j0 + kPvKeys <= have) {  // the common step: 32 whole rows, two pieces
+      with_whole_loads(t.v_dtype, [&](auto load) {
+        for (int half = 0; half < 2; ++half) {
+          const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0);
+          for (int i = 0; i < kKeys / 2; ++i) {
+            const char* ra = rows + 2 * i * ldv;
+            for (int c = 0; c < kBlocks; ++c) {
+              const __m512i x = load(ra, h0 + 32 * c), y = load(ra + ldv, h0 + 32 * c);
+              _mm512_store_si512(b[2 * c][8 * half + i], _mm512_unpacklo_epi16(x, y));
+              _mm512_store_si512(b[2 * c + 1][8 * half + i], _mm512_unpackhi_epi16(x, y));
+            }
           }
         }
-      }
+      });
     } else if (!formed) {
       const std::int64_t pairs = (have - j0 + 1) / 2;  // > 0: keys j0.. are read, up to 31 of them
       for (std::int64_t i = 0; i < kPvKeys / 2; ++i) {
