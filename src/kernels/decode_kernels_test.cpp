@@ -212,9 +212,26 @@ std::vector<std::uint16_t> make_p(const PvCase& c, std::mt19937& rng) {
   return p;
 }
 
+// O's starting rows: values in [-1, 1] in the first Hp columns, kSentinel past them.
+std::vector<float> make_o0(const PvCase& c, std::mt19937& rng) {
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f);
+  std::vector<float> o0(static_cast<std::size_t>(c.rows * c.ldo), kSentinel);
+  for (int r = 0; r < c.rows; ++r)
+    for (std::int64_t h = 0; h < c.Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
+  return o0;
+}
+
+// Rescale factors 0.5, 0.75, 1, 0.5, ... for the rows.
+std::vector<float> step_corr(int rows) {
+  std::vector<float> corr(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);
+  return corr;
+}
+
+// O after one decode_pv_rows call from o0 (with DecodePv's pieces and hints as given).
 std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const std::vector<std::uint16_t>& p,
                           const std::vector<float>& o0, const std::vector<float>& corr, const Rows& vr,
-                          const void* const* pieces = nullptr) {
+                          const void* const* pieces = nullptr, bool keep_v = false, bool same_v = false) {
   AlignedBuffer o(static_cast<std::size_t>(c.rows * c.ldo) * 4);
   AlignedBuffer pb(p.size() * 2);
   std::copy(o0.begin(), o0.end(), o.as<float>());
@@ -222,7 +239,7 @@ std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const std::vec
   DecodePv t{o.as<float>(), c.ldo,        pb.as<std::uint16_t>(), c.ldp,       pieces ? nullptr : vr.data(),
              vr.dtype,       vr.ld,        c.n,                    c.nkeys,     c.H,
              c.Hp,           c.corr ? corr.data() : nullptr,       c.rows,      vr.scales(),
-             Rows::kLdScale, pieces};
+             Rows::kLdScale, pieces,         keep_v,                               same_v};
   k.decode_pv_rows(t);
   return std::vector<float>(o.as<float>(), o.as<float>() + c.rows * c.ldo);
 }
@@ -364,13 +381,7 @@ TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
                     run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16, pieces.data()));
           const PvCase c{rows, n, round_up(n, 2), H, Hp, end + 32, Hp + 32, rows % 2 == 0};
           const std::vector<std::uint16_t> p = make_p(c, rng);
-          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel),
-              corr(static_cast<std::size_t>(rows));
-          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-          for (int r = 0; r < rows; ++r) {
-            corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);
-            for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
-          }
+          const std::vector<float> o0 = make_o0(c, rng), corr = step_corr(rows);
           ASSERT_EQ(run_pv(*k, c, p, o0, corr, kv), run_pv(*k, c, p, o0, corr, kv, pieces.data()));
         }
       }
@@ -395,12 +406,7 @@ TEST(DecodeKernels, PvCallsCutAtTheStepKeysGiveTheBitsOfOne) {
                          std::to_string(n) + " rows " + std::to_string(rows));
             const PvCase c{rows, n, nkeys, H, Hp, round_up(n, 16) + 32, Hp + 32, true};
             const std::vector<std::uint16_t> p = make_p(c, rng);
-            std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel), corr(static_cast<std::size_t>(rows));
-            std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-            for (int r = 0; r < rows; ++r) {
-              corr[static_cast<std::size_t>(r)] = 0.5f + 0.25f * static_cast<float>(r % 3);
-              for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(r * c.ldo + h)] = val(rng);
-            }
+            const std::vector<float> o0 = make_o0(c, rng), corr = step_corr(rows);
             const std::vector<float> whole = run_pv(*k, c, p, o0, corr, vr);
             for (const std::vector<std::int64_t>& cuts :
                  {std::vector<std::int64_t>{step}, {2 * step}, {step, 2 * step}, {step, 3 * step}}) {
@@ -448,27 +454,15 @@ TEST(DecodeKernels, KeptVGivesTheBitsOfFormingItAgain) {
           std::vector<std::vector<std::uint16_t>> ps;
           std::vector<std::vector<float>> o0s, results[2];
           const std::vector<float> corr(static_cast<std::size_t>(k->decode_max_rows), 0.75f);
-          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
           for (int g = 0; g < 3; ++g) {
-            const int rows = g == 2 ? 3 : k->decode_max_rows;
-            cases.push_back({rows, n, nkeys, H, Hp, round_up(n, 16) + 32, Hp + 32, g == 1});
+            cases.push_back({g == 2 ? 3 : k->decode_max_rows, n, nkeys, H, Hp, round_up(n, 16) + 32, Hp + 32, g == 1});
             ps.push_back(make_p(cases.back(), rng));
-            o0s.emplace_back(static_cast<std::size_t>(rows * cases.back().ldo), kSentinel);
-            for (int r = 0; r < rows; ++r)
-              for (std::int64_t h = 0; h < Hp; ++h) o0s.back()[static_cast<std::size_t>(r * cases.back().ldo + h)] = val(rng);
+            o0s.push_back(make_o0(cases.back(), rng));
           }
           for (bool hints : {false, true})
-            for (int g = 0; g < 3; ++g) {
-              const PvCase& c = cases[static_cast<std::size_t>(g)];
-              AlignedBuffer o(static_cast<std::size_t>(c.rows * c.ldo) * 4), pb(ps[static_cast<std::size_t>(g)].size() * 2);
-              std::copy(o0s[static_cast<std::size_t>(g)].begin(), o0s[static_cast<std::size_t>(g)].end(), o.as<float>());
-              std::copy(ps[static_cast<std::size_t>(g)].begin(), ps[static_cast<std::size_t>(g)].end(), pb.as<std::uint16_t>());
-              DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>(), c.ldp, vr.data(), dtype, vr.ld, n, nkeys, H, Hp,
-                         c.corr ? corr.data() : nullptr, c.rows, vr.scales(), Rows::kLdScale, nullptr,
-                         hints && g < 2, hints && g > 0};
-              k->decode_pv_rows(t);
-              results[hints].emplace_back(o.as<float>(), o.as<float>() + c.rows * c.ldo);
-            }
+            for (std::size_t g = 0; g < 3; ++g)
+              results[hints].push_back(run_pv(*k, cases[g], ps[g], o0s[g], corr, vr, nullptr, hints && g < 2,
+                                              hints && g > 0));
           ASSERT_EQ(results[0], results[1]);
         }
 }
@@ -645,11 +639,7 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
           }
           const PvCase c{rows, n, n, H, Hp, n + 32, Hp + 32, true};
           const std::vector<std::uint16_t> p = make_p(c, rng);
-          std::uniform_real_distribution<float> val(-1.0f, 1.0f);
-          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), kSentinel),
-              corr(static_cast<std::size_t>(rows), 0.75f);
-          for (int i = 0; i < rows; ++i)
-            for (std::int64_t h = 0; h < Hp; ++h) o0[static_cast<std::size_t>(i * c.ldo + h)] = val(rng);
+          const std::vector<float> o0 = make_o0(c, rng), corr(static_cast<std::size_t>(rows), 0.75f);
           const std::vector<float> o = run_pv(k, c, p, o0, corr, r);
           AlignedBuffer pieces(o0.size() * 4), pb(p.size() * 2);
           std::copy(o0.begin(), o0.end(), pieces.as<float>());

@@ -56,8 +56,8 @@ constexpr int kTileMinRows = 4;  // fewer rows a call go to the vector kernels (
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
-// The first row of keys [j, j + 16) (j a multiple of 16, n keys in all), in pieces with the next
-// piece's first line prefetched (with `prefetch`).
+// Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the next
+// piece's first line prefetched.
 inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
                              std::int64_t n, bool prefetch = true) {
   if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j);
