@@ -653,27 +653,49 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
 }
 
 // The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
-// set's vpmaddwd kernels and the avx512bf16 set's vpdpwssd ones give the same S and O, H <= 256 (wider
-// Q.K rows take the products form, whose sums each set orders its own way).
-TEST(DecodeKernels, IntegersFormIsTheSameOnAvx2AndVnni) {
+// set's vpmaddwd kernels, the avx512bf16 set's vpdpwssd ones and the amx set's (int8 tiles for Q.K from
+// 16 rows, kernels_amx_decode_i8.cpp) give the same S and O, H <= 256 (wider Q.K rows take the products
+// form, whose sums each set orders its own way). Each row's S and O are its own, so the calls of more
+// rows than the avx2 set takes are compared row block by row block.
+TEST(DecodeKernels, IntegersFormIsTheSameOnEveryX86Set) {
   if (!isa_supported(Isa::avx512bf16)) GTEST_SKIP() << "no AVX512_BF16 (and VNNI) here";
   const FlashKernels& a = avx2_decode_kernels();
-  const FlashKernels& b = avx512bf16_kernels();
-  ASSERT_TRUE(a.int8_on_integers && b.int8_on_integers);
+  std::vector<const FlashKernels*> others{&avx512bf16_kernels()};
+  if (isa_supported(Isa::amx)) others.push_back(&amx_kernels());
+  ASSERT_TRUE(a.int8_on_integers);
   std::mt19937 rng(19);
-  for (std::int64_t H : {40, 48, 64, 96, 128, 256})
-    for (std::int64_t n : {1, 17, 64, 333})
-      for (int rows : {1, 3, 4, 8}) {
-        SCOPED_TRACE("H " + std::to_string(H) + " n " + std::to_string(n) + " rows " + std::to_string(rows));
-        const std::int64_t Hp = round_up(H, kHTile), lds = round_up(n, 16) + 16;
-        const Rows r = make_rows(DType::i8, n, round_up(n, 16), H, rng);
-        const QRows q = make_q(rows, H, Hp, rng);
-        const PvCase c{rows, n, round_up(n, 2), H, Hp, round_up(n, 16) + 32, Hp + 32, true};
-        const std::vector<std::uint16_t> p = make_p(c, rng);
-        std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), 0.5f), corr(static_cast<std::size_t>(rows), 0.75f);
-        ASSERT_EQ(run_qk(a, q, r, rows, n, H, Hp, 0.125f, lds), run_qk(b, q, r, rows, n, H, Hp, 0.125f, lds));
-        ASSERT_EQ(run_pv(a, c, p, o0, corr, r), run_pv(b, c, p, o0, corr, r));
-      }
+  for (const FlashKernels* b : others) {
+    ASSERT_TRUE(b->int8_on_integers);
+    for (std::int64_t H : {40, 48, 64, 96, 128, 192, 256})
+      for (std::int64_t n : {1, 17, 64, 333})
+        for (int rows : {1, 3, 4, 8, 12, 16}) {
+          if (rows > b->decode_max_rows) continue;
+          SCOPED_TRACE(std::string(b->name) + " H " + std::to_string(H) + " n " + std::to_string(n) + " rows " +
+                       std::to_string(rows));
+          const std::int64_t Hp = round_up(H, kHTile), lds = round_up(n, 16) + 16;
+          const Rows r = make_rows(DType::i8, n, round_up(n, 16), H, rng);
+          const QRows q = make_q(rows, H, Hp, rng);
+          const PvCase c{rows, n, round_up(n, 2), H, Hp, round_up(n, 16) + 32, Hp + 32, true};
+          const std::vector<std::uint16_t> p = make_p(c, rng);
+          std::vector<float> o0(static_cast<std::size_t>(rows * c.ldo), 0.5f), corr = step_corr(rows);
+          const std::vector<float> sb = run_qk(*b, q, r, rows, n, H, Hp, 0.125f, lds);
+          const std::vector<float> ob = run_pv(*b, c, p, o0, corr, r);
+          for (int r0 = 0; r0 < rows; r0 += a.decode_max_rows) {  // the avx2 set on rows [r0, r0 + m)
+            const int m = std::min(a.decode_max_rows, rows - r0);
+            QRows qa = make_q(m, H, Hp, rng);
+            std::memcpy(qa.buf.data(), q.buf.as<std::uint16_t>() + r0 * q.ldq, static_cast<std::size_t>(m * q.ldq) * 2);
+            const std::vector<float> sa = run_qk(a, qa, r, m, n, H, Hp, 0.125f, lds);
+            ASSERT_TRUE(std::equal(sa.begin(), sa.end(), sb.begin() + r0 * lds)) << "S, rows from " << r0;
+            PvCase ca = c;
+            ca.rows = m;
+            const std::vector<std::uint16_t> pa(p.begin() + r0 * c.ldp, p.begin() + (r0 + m) * c.ldp);
+            const std::vector<float> oa0(o0.begin() + r0 * c.ldo, o0.begin() + (r0 + m) * c.ldo);
+            const std::vector<float> ca_corr(corr.begin() + r0, corr.begin() + r0 + m);
+            const std::vector<float> oa = run_pv(a, ca, pa, oa0, ca_corr, r);
+            ASSERT_TRUE(std::equal(oa.begin(), oa.end(), ob.begin() + r0 * c.ldo)) << "O, rows from " << r0;
+          }
+        }
+  }
 }
 #endif
 

@@ -64,8 +64,9 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
-// Float rows (int8 stays in the vector kernels' integers form) of a width the tiles take: 32-column
-// chunks, an even count of them past 4 (qk_steps loads B two chunks at a time there).
+// Float rows of a width the tiles take: 32-column chunks, an even count of them past 4 (qk_steps loads B
+// two chunks at a time there). int8 rows take the vector kernels' integers form (Q.K from 16 rows the
+// tiles' in kernels_amx_decode_i8.cpp).
 bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
   return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
 }
@@ -409,6 +410,7 @@ void vector_pv_rows(DecodePv t) {
 }  // namespace
 
 void amx_decode_qk_rows(const DecodeQk& t) {
+  if (amx_decode_qk_rows_i8(t)) return;  // int8 rows from 16 a call (kernels_amx_decode_i8.cpp)
   if (t.rows < kTileMinRows || !on_tiles(t.k_dtype, t.H, t.Hp)) return vector_qk_rows(t);
   amx::configure_tiles();
   switch (t.Hp / 32) {
