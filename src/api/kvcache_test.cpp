@@ -313,9 +313,12 @@ TEST_P(KvCacheTest, VariantsMatchReference) {
 // The same keys dense and paged (pages 16, 80 and 256) give the same bits, for 1, 2 and 3 threads; k_new
 // lands in the cache (quantized, with its scale, in an int8 cache). f16 at T = 16 and f32 at T = 4
 // take the row groups' once-per-block bf16 copy on avx2 (page by page when paged).
+// With a window too (301 keys: its first key at no multiple of 16 or 32), some of the cases.
 TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
   for (const auto& [dtype, T] : {std::pair{DType::bf16, std::int64_t{1}}, {DType::bf16, 4}, {DType::bf16, 16},
-                                 {DType::i8, 1}, {DType::i8, 4}, {DType::i8, 16}, {DType::f16, 16}, {DType::f32, 4}}) {
+                                 {DType::i8, 1}, {DType::i8, 4}, {DType::i8, 16}, {DType::f16, 16}, {DType::f32, 4}})
+    for (std::int64_t window : {-1, 301}) {
+      if (window > 0 && dtype != DType::bf16 && dtype != DType::i8) continue;
       std::vector<float> first;
       // Page 80: past the small pages, but not a multiple of the amx set's P.V step (32 keys).
       for (std::int64_t page_size : {0, 16, 80, 256})
@@ -325,10 +328,12 @@ TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
           CacheCase c(spec, 7);
           Options o;
           o.causal = true;
+          o.window_left = window;
           o.threads = threads;
           c.run(o);
           if (first.empty()) first = c.out_and_lse();
-          EXPECT_TRUE(bitwise_equal(first, c.out_and_lse())) << to_string(spec) << " threads " << threads;
+          EXPECT_TRUE(bitwise_equal(first, c.out_and_lse()))
+              << to_string(spec) << " window " << window << " threads " << threads;
           for (std::int64_t b = 0; b < c.B; ++b)  // the new keys are in the cache
             for (std::int64_t t = 0; t < T; ++t) {
               const std::int64_t j = spec.seqlens[static_cast<std::size_t>(b)] + t;

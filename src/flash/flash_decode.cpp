@@ -34,11 +34,14 @@
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
 // a multiple of the set's decode_pv_step_keys (amx: 32), are one call per block instead
 // (for_each_piece): on the rows where they lie (bf16 rows on a set with decode_row_pieces, the kernels
-// taking each 16 keys' address), else on a copy of them. Blocks start at multiples of kPageAlign keys
-// (a task's first block is moved down to one, the extra keys masked), so every piece starts at a
-// multiple of 16 columns of S and P, and every cut is at a multiple of decode_pv_step_keys keys of the
-// call; decode_qk_rows is per key and decode_pv_rows accumulates each O element in key order (per step
-// of the set), so the pieces give the bits of one call over the same rows laid out densely.
+// taking each 16 keys' address), else on a copy of them. Blocks, dense or paged, start at multiples of
+// Plan::align keys (kPageAlign and the set's decode_pv_step_keys; a task's first block is moved down to
+// one, the extra keys, before a window's first, read and masked), so every piece starts at a multiple of
+// 16 columns of S and P, and every cut is at a multiple of decode_pv_step_keys keys of the call;
+// decode_qk_rows is per key and decode_pv_rows accumulates each O element in key order (per step of the
+// set), so the pieces give the bits of one call over the same rows laid out densely, with a window too
+// (before session 21 dense blocks started at the window's first key, and on the amx tiles dense and
+// paged caches then differed in the last bits).
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
@@ -63,6 +66,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -85,6 +89,7 @@ struct Plan {
   const FlashKernels* kern = nullptr;
   const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
   std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
+  std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   bool one_call = false;  // pages go in one call per block (see for_each_piece)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
@@ -116,7 +121,8 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
   // Blocks start on page pieces' alignment, and no step of the set's P.V straddles two blocks.
-  bkv = round_up(bkv, std::max<std::int64_t>(pages != nullptr ? kPageAlign : 1, k.decode_pv_step_keys));
+  plan.align = std::lcm(kPageAlign, static_cast<std::int64_t>(k.decode_pv_step_keys));
+  bkv = round_up(bkv, plan.align);
   // Small pages, and pages the set's P.V must not be cut at (its steps would differ from a dense call's).
   plan.one_call = pages != nullptr &&
                   (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
@@ -374,8 +380,9 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
   std::fill(m, m + M, kNegInf);
   std::fill(l, l + M, 0.0f);
 
-  // Paged: start on a piece boundary (the keys before task.keys.begin are masked below).
-  const std::int64_t first = plan.pages ? task.keys.begin / kPageAlign * kPageAlign : task.keys.begin;
+  // The first block starts at a multiple of plan.align, dense or paged alike (the keys before
+  // task.keys.begin, a window's first key, are masked below; split boundaries are multiples of bkv).
+  const std::int64_t first = task.keys.begin / plan.align * plan.align;
   for (std::int64_t s0 = first; s0 < task.keys.end; s0 += bkv) {
     const std::int64_t n = std::min(bkv, task.keys.end - s0);
     // Keys of the block each row sees.
