@@ -33,8 +33,8 @@
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
 // a multiple of the set's decode_pv_step_keys (amx: 32), are one call per block instead
-// (for_each_piece): on the rows where they lie (bf16 rows on a set with decode_row_pieces, the kernels
-// taking each 16 keys' address), else on a copy of them. Blocks, dense or paged, start at multiples of
+// (for_each_piece): on the rows where they lie (bf16 and int8 rows on a set with decode_row_pieces, the
+// kernels taking each 16 keys' address; int8's scales copied together), else on a copy of them. Blocks, dense or paged, start at multiples of
 // Plan::align keys (kPageAlign and the set's decode_pv_step_keys; a task's first block is moved down to
 // one, the extra keys, before a window's first, read and masked), so every piece starts at a multiple of
 // 16 columns of S and P, and every cut is at a multiple of decode_pv_step_keys keys of the call;
@@ -180,9 +180,9 @@ PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t
 // kGatherPagesBelow keys, as per-piece calls on 16 keys cost more than a copy, the kernels' fast paths
 // taking whole groups of 32 keys, docs/performance.md, KV cache; and pages whose size is not a multiple
 // of the set's decode_pv_step_keys) the pages are one call instead:
-//   - bf16 rows, where the set has decode_row_pieces and `pieces` is not null: row null, and pieces
-//     the address of each 16 keys' rows (the kernels read them where they lie, with no copy:
-//     docs/performance.md, session 19);
+//   - bf16 and int8 rows, where the set has decode_row_pieces and `pieces` is not null: row null, and
+//     pieces the address of each 16 keys' rows (the kernels read them where they lie, with no copy:
+//     docs/performance.md, sessions 19 and 21), int8's scales copied into `gather_scales` (ld = 1);
 //   - else the rows copied, as they are, into `gather` and their scales into `gather_scales` (ld = H).
 // The same rows in the same order, so the same bits.
 template <typename F>
@@ -207,9 +207,14 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   auto scales_at = [&](std::int64_t s) {
     return key_scales(p, is_k, pages->table[s / pages->page_size], kh, s % pages->page_size);
   };
-  if (gathered && pieces != nullptr && dtype == DType::bf16) {  // s0 is a multiple of kPageAlign
-    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys) pieces[j0 / kDecodePieceKeys] = row_at(s0 + j0);
-    f(0, nullptr, n, row_stride, PieceScales{}, pieces);
+  if (gathered && pieces != nullptr && (dtype == DType::bf16 || dtype == DType::i8)) {  // s0: a multiple of 16
+    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys) {
+      pieces[j0 / kDecodePieceKeys] = row_at(s0 + j0);
+      if (const PieceScales scales = scales_at(s0 + j0); scales.scale != nullptr)  // int8: the scales together
+        for (std::int64_t j = 0; j < std::min<std::int64_t>(kDecodePieceKeys, n - j0); ++j)
+          gather_scales[j0 + j] = scales.scale[j * scales.ld];
+    }
+    f(0, nullptr, n, row_stride, dtype == DType::i8 ? PieceScales{gather_scales, 1} : PieceScales{}, pieces);
     return;
   }
   for (std::int64_t j0 = 0; j0 < n;) {

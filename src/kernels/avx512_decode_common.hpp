@@ -233,6 +233,7 @@ struct Bf16Rows {
   const char* base;
   std::int64_t ld_bytes;
   Bf16Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes}; }
+  Bf16Rows at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row` (a piece's)
   __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
 };
 template <typename Mac>
@@ -242,6 +243,7 @@ struct Int8Rows {
   const float* scale;
   std::int64_t ld_scale;
   Int8Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, scale + j * ld_scale, ld_scale}; }
+  Int8Rows at(std::int64_t j, const char* row) const { return {row, ld_bytes, scale + j * ld_scale, ld_scale}; }
   __m512i chunk(std::int64_t j, int c) const {
     return Mac::template i8_chunk<true>(base + j * ld_bytes, 32 * c, 0, _mm512_set1_ps(scale[j * ld_scale]));
   }

@@ -147,14 +147,12 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
     }
   };
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
-    if constexpr (std::is_same_v<Rows, Bf16Rows>) {
-      if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
-        for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
-          prefetch_next_piece(t.v_pieces, t.n, j);
-          group(p + j / 2, Bf16Rows{KeyRows{nullptr, t.v_pieces, v0.ld_bytes}.row(j), v0.ld_bytes}, 0, kDecodePieceKeys);
-        }
-        continue;
+    if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
+      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
+        prefetch_next_piece(t.v_pieces, t.n, j);
+        group(p + j / 2, v0.at(j, KeyRows{nullptr, t.v_pieces, v0.ld_bytes}.row(j)), 0, kDecodePieceKeys);
       }
+      continue;
     }
     group(p, v0, j0, j0 + kGroup);
   }
@@ -271,7 +269,8 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
 template <int RB, int NC, bool kFull>
 inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I16Slice& sl, int r0, int g,
                                                     std::int64_t jg, std::int64_t h0) {
-  const char* v0 = static_cast<const char*>(t.v) + jg * t.ldv + h0;
+  // The group's 16 keys lie in one piece (jg is a multiple of 16).
+  const char* v0 = KeyRows{static_cast<const char*>(t.v), t.v_pieces, t.ldv}.row(jg) + h0;
   const int read = kFull ? kI16Group : sl.keys[g];
   __m512i acc[RB][2 * NC];
 #pragma GCC unroll 4
@@ -327,12 +326,11 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
 template <int RB>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;
+  const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kI16Slice) {
-    if (r0 == 0 && j0 + 2 * kI16Slice <= t.n) {
-      const char* next = static_cast<const char*>(t.v) + (j0 + kI16Slice) * t.ldv;
+    if (r0 == 0 && j0 + 2 * kI16Slice <= t.n)
       for (int j = 0; j < kI16Slice; ++j)
-        for (std::int64_t b = 0; b < t.H; b += 64) _mm_prefetch(next + j * t.ldv + b, _MM_HINT_T1);
-    }
+        for (std::int64_t b = 0; b < t.H; b += 64) _mm_prefetch(rows.row(j0 + kI16Slice + j) + b, _MM_HINT_T1);
     i16_slice<RB>(t, r0, j0, sl);
     for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 64)
       for (int g = 0; g < 2 && sl.keys[g] > 0; ++g) {

@@ -228,11 +228,10 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   const auto rf_at = [rf0](int r) { return rf0 != nullptr ? rf0 + r : nullptr; };
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     const Rows kr = [&] {
-      if constexpr (std::is_same_v<Rows, Bf16Rows>)  // in pieces: the group's 16 rows lie in one
-        if (t.k_pieces != nullptr) {
-          prefetch_next_piece(t.k_pieces, t.n, j0);
-          return Bf16Rows{KeyRows{nullptr, t.k_pieces, k0.ld_bytes}.row(j0), k0.ld_bytes};
-        }
+      if (t.k_pieces != nullptr) {  // in pieces: the group's 16 rows lie in one
+        prefetch_next_piece(t.k_pieces, t.n, j0);
+        return k0.at(j0, KeyRows{nullptr, t.k_pieces, k0.ld_bytes}.row(j0));
+      }
       return k0.at(j0);
     }();
     int r0 = 0;  // row blocks of 8, 4, 2, 1

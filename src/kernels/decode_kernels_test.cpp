@@ -335,30 +335,32 @@ TEST(DecodeKernels, PvRowsMatchTheScalarModel) {
       for (std::int64_t H : kHs) ASSERT_NO_FATAL_FAILURE(check_pv(*k, d, H, rng));
 }
 
-// The rows' kDecodePieceKeys-key pieces, each copied to its own place in `store` (in shuffled order,
-// apart; rows past `rows_alloc` NaN), and where each is.
-std::vector<const void*> scatter_pieces(const Rows& r, std::int64_t rows_alloc, std::vector<std::uint16_t>& store,
-                                        std::mt19937& rng) {
+// The rows' kDecodePieceKeys-key pieces (bf16 or int8), each copied to its own place in `store` (in
+// shuffled order, apart; rows past `rows_alloc` NaN, or for int8 127s), and where each is.
+std::vector<const void*> scatter_pieces(const Rows& r, std::int64_t rows_alloc, AlignedBuffer& store, std::mt19937& rng) {
   const std::int64_t count = (rows_alloc + kDecodePieceKeys - 1) / kDecodePieceKeys;
-  const std::int64_t slot = (kDecodePieceKeys + 1) * r.ld;  // a piece and a NaN row between pieces
+  const std::int64_t row_bytes = r.ld * static_cast<std::int64_t>(dtype_size(r.dtype));
+  const std::int64_t slot = (kDecodePieceKeys + 1) * row_bytes;  // a piece and a filler row between pieces
   std::vector<std::int64_t> order(static_cast<std::size_t>(count + 2));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
   std::shuffle(order.begin(), order.end(), rng);
-  store.assign(static_cast<std::size_t>((count + 2) * slot), kNaNBits);
+  store.reset(static_cast<std::size_t>((count + 2) * slot));
+  if (r.dtype == DType::i8) std::memset(store.data(), 127, store.bytes());
+  else std::fill_n(store.as<std::uint16_t>(), store.bytes() / 2, kNaNBits);
   std::vector<const void*> pieces;
-  const auto* rows = static_cast<const std::uint16_t*>(r.data());
+  const auto* rows = static_cast<const char*>(r.data());
   for (std::int64_t i = 0; i < count; ++i) {
-    std::uint16_t* at = store.data() + order[static_cast<std::size_t>(i)] * slot;
+    char* at = store.as<char>() + order[static_cast<std::size_t>(i)] * slot;
     const std::int64_t keys = std::min<std::int64_t>(kDecodePieceKeys, rows_alloc - i * kDecodePieceKeys);
-    std::copy(rows + i * kDecodePieceKeys * r.ld, rows + (i * kDecodePieceKeys + keys) * r.ld, at);
+    std::memcpy(at, rows + i * kDecodePieceKeys * row_bytes, static_cast<std::size_t>(keys * row_bytes));
     pieces.push_back(at);
   }
   return pieces;
 }
 
-// Sets with decode_row_pieces: bf16 rows in pieces at their own addresses (DecodeQk::k_pieces,
-// DecodePv::v_pieces) give the bits of the same rows together, every rows, H and n (partial pieces,
-// groups and pairs).
+// Sets with decode_row_pieces: bf16 and int8 rows in pieces at their own addresses (DecodeQk::k_pieces,
+// DecodePv::v_pieces; int8's scales together, as always) give the bits of the same rows together, every
+// rows, H and n (partial pieces, groups and pairs).
 TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
   std::vector<const FlashKernels*> sets;
   for (const FlashKernels* k : decode_sets())
@@ -366,25 +368,26 @@ TEST(DecodeKernels, PiecesGiveTheBitsOfRowsTogether) {
   if (sets.empty()) GTEST_SKIP() << "no kernel set here takes pieces";
   std::mt19937 rng(23);
   for (const FlashKernels* k : sets)
-    for (std::int64_t H : kHs)
-      for (std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 64, 65, 70}) {
-        const std::int64_t Hp = round_up(H, kHTile), end = round_up(n, 16);
-        const Rows kv = make_rows(DType::bf16, n, end, H, rng);
-        std::vector<std::uint16_t> store;
-        const std::vector<const void*> pieces = scatter_pieces(kv, end, store, rng);
-        for (int rows = 1; rows <= k->decode_max_rows; ++rows) {
-          SCOPED_TRACE(std::string(k->name) + " H " + std::to_string(H) + " n " + std::to_string(n) + " rows " +
-                       std::to_string(rows));
-          const QRows q = make_q(rows, H, Hp, rng);
-          const float scale = 1.0f / std::sqrt(static_cast<float>(H));
-          ASSERT_EQ(run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16),
-                    run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16, pieces.data()));
-          const PvCase c{rows, n, round_up(n, 2), H, Hp, end + 32, Hp + 32, rows % 2 == 0};
-          const std::vector<std::uint16_t> p = make_p(c, rng);
-          const std::vector<float> o0 = make_o0(c, rng), corr = step_corr(rows);
-          ASSERT_EQ(run_pv(*k, c, p, o0, corr, kv), run_pv(*k, c, p, o0, corr, kv, pieces.data()));
+    for (DType dtype : {DType::bf16, DType::i8})
+      for (std::int64_t H : kHs)
+        for (std::int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 64, 65, 70}) {
+          const std::int64_t Hp = round_up(H, kHTile), end = round_up(n, 16);
+          const Rows kv = make_rows(dtype, n, end, H, rng);
+          AlignedBuffer store;
+          const std::vector<const void*> pieces = scatter_pieces(kv, end, store, rng);
+          for (int rows = 1; rows <= k->decode_max_rows; ++rows) {
+            SCOPED_TRACE(std::string(k->name) + " " + dtype_name(dtype) + " H " + std::to_string(H) + " n " +
+                         std::to_string(n) + " rows " + std::to_string(rows));
+            const QRows q = make_q(rows, H, Hp, rng);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(H));
+            ASSERT_EQ(run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16),
+                      run_qk(*k, q, kv, rows, n, H, Hp, scale, end + 16, pieces.data()));
+            const PvCase c{rows, n, round_up(n, 2), H, Hp, end + 32, Hp + 32, rows % 2 == 0};
+            const std::vector<std::uint16_t> p = make_p(c, rng);
+            const std::vector<float> o0 = make_o0(c, rng), corr = step_corr(rows);
+            ASSERT_EQ(run_pv(*k, c, p, o0, corr, kv), run_pv(*k, c, p, o0, corr, kv, pieces.data()));
+          }
         }
-      }
 }
 
 // decode_pv_rows calls cut at multiples of the set's decode_pv_step_keys (where the decode path cuts

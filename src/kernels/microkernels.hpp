@@ -88,9 +88,9 @@
 // 1..decode_max_rows (kDecodeMaxRows; amx: kAmxDecodeMaxRows, its row groups). The kernels issue no
 // software prefetch: reading the rows line after line lets the hardware prefetchers run the stream
 // (docs/performance.md, decode I); the policy prefetches where they cannot (small pages it gathers,
-// and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 rows in pieces of
-// kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; the pieces of one call give the
-// bits of the same rows together), and there, as each piece starts, prefetches the next piece's first
+// and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 and int8 rows in
+// pieces of kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; int8 scales where they
+// always are, k_scale/v_scale; the pieces of one call give the bits of the same rows together), and there, as each piece starts, prefetches the next piece's first
 // line into L2, as the hardware prefetchers do not cross into it. The AVX-512 sets' int8 P.V in the
 // integers form prefetches the V rows of its next 32 keys, which its passes read out of order. The amx
 // set's kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read
@@ -239,7 +239,7 @@ struct DecodeQk {
   int rows;  // 1..the set's decode_max_rows
   const float* k_scale = nullptr;  // int8 K: key j's scale at k_scale[j * ld_scale]; else null
   std::int64_t ld_scale = 0;
-  // Where the set has decode_row_pieces and the rows are bf16: key j's row at
+  // Where the set has decode_row_pieces and the rows are bf16 or int8: key j's row at
   // k_pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ldk elements (k unused); else null.
   const void* const* k_pieces = nullptr;
 };
@@ -320,7 +320,7 @@ struct FlashKernels {
   // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower) and on Sapphire
   // Rapids' amx tiles (T = 2 1.39x slower): docs/performance.md, sessions 10, 15 and 20.
   int decode_overlap_rows = 8;
-  // The decode kernels take bf16 rows in pieces of kDecodePieceKeys keys, each at its own address
+  // The decode kernels take bf16 and int8 rows in pieces of kDecodePieceKeys keys, each at its own address
   // (DecodeQk::k_pieces, DecodePv::v_pieces): small pages are then read where they lie, in one call
   // per block, instead of copied together first (flash_decode.cpp).
   bool decode_row_pieces = false;
