@@ -34,8 +34,8 @@
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
 // a multiple of the set's decode_pv_step_keys (amx: 32), are one call per block instead
 // (for_each_piece): on the rows where they lie (bf16 and int8 rows on a set with decode_row_pieces, the
-// kernels taking each 16 keys' address; int8's scales copied together), else on a copy of them. Blocks, dense or paged, start at multiples of
-// Plan::align keys (kPageAlign and the set's decode_pv_step_keys; a task's first block is moved down to
+// kernels taking each 16 keys' address; int8's scales copied together), else on a copy of them.
+// Blocks, dense or paged, start at multiples of Plan::align keys (kPageAlign and the set's decode_pv_step_keys; a task's first block is moved down to
 // one, the extra keys, before a window's first, read and masked), so every piece starts at a multiple of
 // 16 columns of S and P, and every cut is at a multiple of decode_pv_step_keys keys of the call;
 // decode_qk_rows is per key and decode_pv_rows accumulates each O element in key order (per step of the

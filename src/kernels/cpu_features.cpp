@@ -27,7 +27,8 @@ struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
   bool avx512vnni = false;
-  bool amx_tile = false, amx_bf16 = false, amx_int8 = false, os_amx = false;  // os_amx: XCR0 tile state + Linux's permission
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_amx = false;  // XCR0 tile state + Linux's permission
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
   bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
   bool intel = false;                   // CPUID vendor "GenuineIntel"

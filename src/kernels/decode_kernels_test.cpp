@@ -337,7 +337,8 @@ TEST(DecodeKernels, PvRowsMatchTheScalarModel) {
 
 // The rows' kDecodePieceKeys-key pieces (bf16 or int8), each copied to its own place in `store` (in
 // shuffled order, apart; rows past `rows_alloc` NaN, or for int8 127s), and where each is.
-std::vector<const void*> scatter_pieces(const Rows& r, std::int64_t rows_alloc, AlignedBuffer& store, std::mt19937& rng) {
+std::vector<const void*> scatter_pieces(const Rows& r, std::int64_t rows_alloc, AlignedBuffer& store,
+                                        std::mt19937& rng) {
   const std::int64_t count = (rows_alloc + kDecodePieceKeys - 1) / kDecodePieceKeys;
   const std::int64_t row_bytes = r.ld * static_cast<std::int64_t>(dtype_size(r.dtype));
   const std::int64_t slot = (kDecodePieceKeys + 1) * row_bytes;  // a piece and a filler row between pieces

@@ -1,7 +1,7 @@
 // The AMX set's decode kernels (contract in microkernels.hpp): calls of kTileMinRows rows or more, on
-// float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit; the rest go to the
-// avx512bf16 vector kernels (the FMA ones where vdpbf16ps is half rate), at most kDecodeMaxRows rows
-// a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
+// float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit, as does int8 Q.K from 16
+// rows a call (kernels_amx_decode_i8.cpp); the rest go to the avx512bf16 vector kernels (the FMA ones
+// where vdpbf16ps is half rate), at most kDecodeMaxRows rows a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
 // configuration of kernels_amx.cpp (all tiles 16 rows x 64 bytes); up to kAmxDecodeMaxRows (16) rows.
 //
 // Why: the decode path runs T >= 2 new tokens in row groups that each take the KV block again (from
@@ -65,8 +65,8 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
 }
 
 // Float rows of a width the tiles take: 32-column chunks, an even count of them past 4 (qk_steps loads B
-// two chunks at a time there). int8 rows take the vector kernels' integers form (Q.K from 16 rows the
-// tiles' in kernels_amx_decode_i8.cpp).
+// two chunks at a time there). int8 rows take the vector kernels' integers form, but for Q.K from 16
+// rows a call (kernels_amx_decode_i8.cpp).
 bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
   return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
 }

@@ -99,10 +99,9 @@ inline void store_s_i8(const DecodeQk& t, const I8QkScratch& w, std::int64_t j0)
   const __mmask16 live = first_lanes16(t.n - j0);
   const float* ks = t.k_scale + j0 * t.ld_scale;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(t.ld_scale)));
   const __m512 keys = t.ld_scale == 1 ? _mm512_maskz_loadu_ps(live, ks)
-                                      : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live,
-                                                                 _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(t.ld_scale))),
-                                                                 ks, 4);
+                                      : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, offsets, ks, 4);
   for (int r = 0; r < t.rows; ++r)
     _mm512_storeu_ps(t.s + r * t.lds + j0,
                      _mm512_maskz_mul_ps(live, _mm512_mul_ps(_mm512_cvtepi32_ps(x[r]), _mm512_set1_ps(w.factor[r])),

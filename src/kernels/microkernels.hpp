@@ -90,8 +90,9 @@
 // (docs/performance.md, decode I); the policy prefetches where they cannot (small pages it gathers,
 // and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 and int8 rows in
 // pieces of kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; int8 scales where they
-// always are, k_scale/v_scale; the pieces of one call give the bits of the same rows together), and there, as each piece starts, prefetches the next piece's first
-// line into L2, as the hardware prefetchers do not cross into it. The AVX-512 sets' int8 P.V in the
+// always are, k_scale/v_scale; the pieces of one call give the bits of the same rows together), and
+// there, as each piece starts, prefetches the next piece's first line into L2, as the hardware
+// prefetchers do not cross into it. The AVX-512 sets' int8 P.V in the
 // integers form prefetches the V rows of its next 32 keys, which its passes read out of order. The amx
 // set's kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read
 // 16 K rows a column chunk at a time (not address order) and sum P V per 32 keys of the call (below).
@@ -113,7 +114,8 @@
 //   products (false): key j's operand is the fp32 product x_j[h] * s_j, rounded to bf16
 //     (vcvtne2ps2bf16 or BFCVT, nearest even; a subnormal product may flush to zero, within the
 //     subnormal allowance above): the value a float32 row holding that product would give.
-//   integers (true: avx512bf16, which requires AVX512_VNNI, on vpdpwssd; avx2 on vpmaddwd, the same bits):
+//   integers (true: avx512bf16, which requires AVX512_VNNI, on vpdpwssd; avx2 on vpmaddwd; amx as
+//     avx512bf16, and Q.K from 16 rows a call on AMX-INT8's tdpbssd/tdpbsud; all the same bits):
 //     nothing is rounded before the sums, which are exact int32.
 //     decode_qk_rows (H <= 256; wider rows, whose sums could pass 2^31, take the products form): each Q row is quantized once per call against its largest |q|, m:
 //       q_int[h] = round(q[h] * fl(32767 / m)) (int16, nearest even; all 0 when m = 0), and
