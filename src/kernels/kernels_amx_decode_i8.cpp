@@ -45,11 +45,11 @@ static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 struct alignas(64) I8QkScratch {
   std::int8_t b[2][kMaxChunks][kTileRows][kTileBytes];  // B per part (hi, lo) and chunk
   std::uint16_t q[kTileRows][kMaxHp];                   // the Q rows b was built from
-  float factor[kTileRows];                              // each row's factor (quantize_q_rows)
+  alignas(64) float factor[kTileRows];                  // each row's factor (quantize_q_rows)
   float scale = 0.0f;
   int rows = 0, Hp = 0;                                  // 0: b not built
-  std::int8_t k[kTileRows * kMaxHp];                    // a partial last A tile, zero padded
-  std::int32_t c[2][kTileRows][16];                     // C hi, lo: [key][column]
+  alignas(64) std::int8_t k[kTileRows * kMaxHp];       // a partial last A tile, zero padded
+  alignas(64) std::int32_t c[2][kTileRows][16];         // C hi, lo: [key][column] (aligned vector loads)
 };
 __attribute__((noinline)) I8QkScratch& i8_qk_scratch() {  // (as qk_scratch in kernels_amx_decode.cpp)
   thread_local I8QkScratch w;
