@@ -236,6 +236,14 @@ struct Bf16Rows {
   Bf16Rows at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row` (a piece's)
   __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
 };
+// The scales of 16 keys, key i's at s[i ld] (int8 rows): lanes outside m 0, and not read.
+inline __m512 load_scales16(const float* s, std::int64_t ld, __mmask16 m) {
+  if (ld == 1) return _mm512_maskz_loadu_ps(m, s);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ld)));
+  return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, offsets, s, 4);
+}
+
 template <typename Mac>
 struct Int8Rows {
   const char* base;

@@ -148,10 +148,8 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   };
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
     if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
-      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
-        prefetch_next_piece(t.v_pieces, t.n, j);
-        group(p + j / 2, v0.at(j, KeyRows{nullptr, t.v_pieces, v0.ld_bytes}.row(j)), 0, kDecodePieceKeys);
-      }
+      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys)
+        group(p + j / 2, v0.at(j, step_rows(nullptr, t.v_pieces, v0.ld_bytes, j, t.n)), 0, kDecodePieceKeys);
       continue;
     }
     group(p, v0, j0, j0 + kGroup);
@@ -223,19 +221,13 @@ inline __m512 max4(const __m512 v[4]) {
 template <int RB>
 inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) {
   const std::int64_t read_end = t.nkeys < t.n ? t.nkeys : t.n;
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   for (int g = 0; g < 2; ++g) {
     const std::int64_t jg = j0 + g * kI16Group;
     const std::int64_t read = read_end - jg < 0 ? 0 : read_end - jg > kI16Group ? kI16Group : read_end - jg;
     sl.keys[g] = static_cast<int>(read);
     if (read == 0) return;
     const __mmask16 m = first_lanes16(read);
-    const __m512 sc =
-        t.ld_scale == 1
-            ? _mm512_maskz_loadu_ps(m, t.v_scale + jg)
-            : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m,
-                                       _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(t.ld_scale))),
-                                       t.v_scale + jg * t.ld_scale, 4);
+    const __m512 sc = load_scales16(t.v_scale + jg * t.ld_scale, t.ld_scale, m);
     __m512 w[kI16Rows], a[kI16Rows];
 #pragma GCC unroll 4
     for (int r = 0; r < kI16Rows; ++r) {

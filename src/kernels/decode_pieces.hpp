@@ -36,5 +36,13 @@ inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::
   if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
 }
 
+// Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the next
+// piece's first line prefetched.
+inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
+                             std::int64_t n, bool prefetch = true) {
+  if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j);
+  return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
+}
+
 }  // namespace
 }  // namespace flashgqa

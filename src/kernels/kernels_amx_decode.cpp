@@ -56,14 +56,6 @@ constexpr int kTileMinRows = 4;  // fewer rows a call go to the vector kernels (
 using word_t = std::uint32_t __attribute__((may_alias));
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
-// Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the next
-// piece's first line prefetched.
-inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
-                             std::int64_t n, bool prefetch = true) {
-  if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j);
-  return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
-}
-
 // Float rows of a width the tiles take: 32-column chunks, an even count of them past 4 (qk_steps loads B
 // two chunks at a time there). int8 rows take the vector kernels' integers form, but for Q.K from 16
 // rows a call (kernels_amx_decode_i8.cpp).

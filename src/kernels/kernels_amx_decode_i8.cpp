@@ -97,11 +97,7 @@ inline void store_s_i8(const DecodeQk& t, const I8QkScratch& w, std::int64_t j0)
     x[i] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(w.c[0][i]), 8), _mm512_load_si512(w.c[1][i]));
   transpose16x16_epi32(x);  // x[r]: row r's sums over the 16 keys
   const __mmask16 live = first_lanes16(t.n - j0);
-  const float* ks = t.k_scale + j0 * t.ld_scale;
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i offsets = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(t.ld_scale)));
-  const __m512 keys = t.ld_scale == 1 ? _mm512_maskz_loadu_ps(live, ks)
-                                      : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, offsets, ks, 4);
+  const __m512 keys = decode_avx512::load_scales16(t.k_scale + j0 * t.ld_scale, t.ld_scale, live);
   for (int r = 0; r < t.rows; ++r)
     _mm512_storeu_ps(t.s + r * t.lds + j0,
                      _mm512_maskz_mul_ps(live, _mm512_mul_ps(_mm512_cvtepi32_ps(x[r]), _mm512_set1_ps(w.factor[r])),
@@ -115,8 +111,7 @@ struct KeyTile {
   std::int64_t ld;
 };
 inline KeyTile key_tile(const DecodeQk& t, std::int64_t j, I8QkScratch& w) {
-  const char* at = KeyRows{static_cast<const char*>(t.k), t.k_pieces, t.ldk}.row(j);
-  if (t.k_pieces != nullptr) prefetch_next_piece(t.k_pieces, t.n, j);
+  const char* at = step_rows(t.k, t.k_pieces, t.ldk, j, t.n);
   if (j + kKeys <= t.n) return {at, t.ldk};
   std::memset(w.k, 0, static_cast<std::size_t>(kTileRows * t.Hp));
   for (std::int64_t i = 0; i < t.n - j; ++i) std::memcpy(w.k + i * t.Hp, at + i * t.ldk, static_cast<std::size_t>(t.H));
