@@ -143,6 +143,8 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 static_assert(kPageAlign % kDecodePieceKeys == 0, "blocks start on a piece");
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
+// How much of the next page's rows a page's calls prefetch (for_each_piece, pages not gathered).
+constexpr std::int64_t kNextPageBytes = 1024;
 // Overlap (see the top of the file): in pieces of this many keys.
 constexpr std::int64_t kOverlapKeys = 32;
 
@@ -242,6 +244,15 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
       if (scales.scale != nullptr)
         for (std::int64_t j = 0; j < len; ++j) gather_scales[j0 + j] = scales.scale[j * scales.ld];
     } else {
+      // The next page of the block: its first lines and its int8 scales' first line into L2 as this
+      // page's calls start, so that its stream does not begin with a miss (page 256 int8 1.04x
+      // faster, docs/performance.md, session 22).
+      if (s + len < s0 + n) {
+        const char* next = row_at(s + len);
+        for (std::int64_t c = 0; c < kNextPageBytes; c += 64) __builtin_prefetch(next + c, 0, 2);
+        if (const PieceScales next_scales = scales_at(s + len); next_scales.scale != nullptr)
+          __builtin_prefetch(next_scales.scale, 0, 2);
+      }
       f(j0, row, len, row_stride, scales, nullptr);
     }
     j0 += len;

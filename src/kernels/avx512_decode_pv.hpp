@@ -190,9 +190,12 @@ void pv_rows_any(const DecodePv& t) {
 // microkernels.hpp). Rows go in blocks of up to 4; per block the weights go in slices of kI16Slice
 // keys, each quantized once (i16_slice: one joint max for the block's rows per group), then used by
 // passes of 64 columns: per group of kI16Group keys, RB x 4 int32 accumulators take vpdpwssd of each
-// row's int16 weight pair (broadcast) with the two keys' rows sign-extended (vpmovsxbw) and
-// interleaved into pairs (vpermt2w); then O = fma(W / 32767, float(sum), O) (O in L1). Each V chunk is
-// converted in one instruction per block of rows.
+// row's int16 weight pair (broadcast from memory) with the two keys' rows sign-extended (vpmovsxbw,
+// plain loads where the pass's columns are all below H) and interleaved into pairs in-lane
+// (vpunpck{l,h}wd, one uop where vpermt2w took three: the columns then in unpacked_columns_index's
+// order, put back by one vpermt2d per 16 sums); then O = fma(W / 32767, float(sum), O) (O in L1).
+// Each V chunk is converted in one instruction per block of rows. In L2 at 4 rows (H = 128) this took
+// P.V from 10.7 to 7.9 ns a key (docs/performance.md, session 22).
 constexpr int kI16Group = 16;
 constexpr int kI16Slice = 2 * kI16Group;
 constexpr int kI16Rows = 4;                  // rows per block
@@ -257,36 +260,53 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
   }
 }
 
-// One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys.
+// Lane l of the 32 columns' sums in natural order (half 0: columns 0-15, 1: 16-31), from the two
+// accumulators that vpunpck{l,h}wd's pairs fill: the low one holds columns 0-3, 8-11, 16-19, 24-27,
+// the high one 4-7, 12-15, 20-23, 28-31 (index 16 + i for its lane i).
+inline __m512i unpacked_columns_index(int half) {
+  alignas(64) std::int32_t idx[16];
+  for (int l = 0; l < 16; ++l) {
+    const int c = 16 * half + l;
+    idx[l] = (c % 8 < 4 ? 0 : 16) + 4 * (c / 8) + c % 4;
+  }
+  return _mm512_load_si512(idx);
+}
+
+// One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys,
+// and all 32 NC columns are below H (whole chunks: plain loads, no masks).
 template <int RB, int NC, bool kFull>
 inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I16Slice& sl, int r0, int g,
                                                     std::int64_t jg, std::int64_t h0) {
   // The group's 16 keys lie in one piece (jg is a multiple of 16).
   const char* v0 = KeyRows{static_cast<const char*>(t.v), t.v_pieces, t.ldv}.row(jg) + h0;
   const int read = kFull ? kI16Group : sl.keys[g];
+  const __m512i from0 = unpacked_columns_index(0), from1 = unpacked_columns_index(1);
   __m512i acc[RB][2 * NC];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 4
     for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm512_setzero_si512();
   const auto row = [&](int j, int c) {  // key jg + j's values h0 + 32c .. + 32, sign-extended (zero past those read)
-    if (!kFull && j >= read) return _mm512_setzero_si512();
+    if constexpr (kFull) return DotI16::i8_chunk<true>(v0 + j * t.ldv, 32 * c, 0, _mm512_setzero_ps());
+    if (j >= read) return _mm512_setzero_si512();
     return DotI16::i8_chunk<false>(v0 + j * t.ldv, 32 * c, t.H - h0, _mm512_setzero_ps());
   };
 #pragma GCC unroll 8
   for (int j = 0; j < (kFull ? kI16Group : read); j += 2) {
-    std::int32_t word[RB];
+    // Each row's weight pair broadcast straight from memory (a load, not a shuffle port uop).
+    __m512i x[RB];
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) __builtin_memcpy(&word[r], &sl.q[r][g * kI16Group + j], 4);
+    for (int r = 0; r < RB; ++r)
+      x[r] = _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(&sl.q[r][g * kI16Group + j]))));
 #pragma GCC unroll 2
     for (int c = 0; c < NC; ++c) {
-      const DotBf16::Pairs w = DotBf16::pairs(row(j, c), row(j + 1, c));  // int16 pairs, as bf16 ones
-      const __m512i lo = (__m512i)w.lo, hi = (__m512i)w.hi;
+      // The two keys' int16 values as pairs, in the column order of unpacked_columns_index.
+      const __m512i a = row(j, c), b = row(j + 1, c);
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        const __m512i x = _mm512_set1_epi32(word[r]);
-        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], x, lo);
-        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], x, hi);
+        acc[r][2 * c] = _mm512_dpwssd_epi32(acc[r][2 * c], x[r], lo);
+        acc[r][2 * c + 1] = _mm512_dpwssd_epi32(acc[r][2 * c + 1], x[r], hi);
       }
     }
   }
@@ -303,9 +323,14 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
       continue;
     }
     const __m512 f = _mm512_set1_ps(sl.f[g][r]);
-#pragma GCC unroll 4
-    for (int i = 0; i < 2 * NC; ++i)
-      _mm512_store_ps(o + 16 * i, _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(acc[r][i]), _mm512_load_ps(o + 16 * i)));
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c)
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        const __m512i sum = _mm512_permutex2var_epi32(acc[r][2 * c], half ? from1 : from0, acc[r][2 * c + 1]);
+        float* oc = o + 32 * c + 16 * half;
+        _mm512_store_ps(oc, _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sum), _mm512_load_ps(oc)));
+      }
   }
 }
 
@@ -327,7 +352,7 @@ void pv_block_i16(const DecodePv& t, int r0) {
     for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 64)
       for (int g = 0; g < 2 && sl.keys[g] > 0; ++g) {
         const std::int64_t jg = j0 + g * kI16Group;
-        const bool full = sl.keys[g] == kI16Group;
+        const bool full = sl.keys[g] == kI16Group && t.H - h0 >= (t.Hp - h0 >= 64 ? 64 : 32);
         if (t.Hp - h0 >= 64) {
           if (full) i16_group<RB, 2, true>(t, sl, r0, g, jg, h0);
           else i16_group<RB, 2, false>(t, sl, r0, g, jg, h0);
