@@ -54,6 +54,9 @@ constexpr int kPvKeys = kAmxDecodePvKeys;   // keys per P.V tile step
 constexpr int kTileMinRows = 4;  // fewer rows a call go to the vector kernels (the same for every dtype:
                                   // the operands, not the dtype, decide the bits)
 using word_t = std::uint32_t __attribute__((may_alias));
+// In pieces, the tiles prefetch the first line of the piece after next (step_rows): page 16 bf16 1.03x
+// faster than the next one's (docs/performance.md, session 22).
+constexpr int kPieceAhead = 2;
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
 // Float rows of a width the tiles take: 32-column chunks, an even count of them past 4 (qk_steps loads B
@@ -171,7 +174,7 @@ struct KeyTile {
   std::int64_t ld;  // bytes
 };
 inline KeyTile key_tile(const DecodeQk& t, std::int64_t ldk, std::int64_t j, QkScratch& w, int slot) {
-  const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n);
+  const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n, true, 1, kPieceAhead);
   if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
   std::uint16_t* dst = w.k[slot];
   if (j + kKeys <= t.n) {  // 16 whole f16 or f32 rows
@@ -292,7 +295,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0, BTiles* kept, 
     if (!formed && j0 + kPvKeys <= have) {  // the common step: 32 whole rows, two pieces
       with_whole_loads(t.v_dtype, [&](auto load) {
         for (int half = 0; half < 2; ++half) {
-          const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0);
+          const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0, 1, kPieceAhead);
           for (int i = 0; i < kKeys / 2; ++i) {
             const char* ra = rows + 2 * i * ldv;
             for (int c = 0; c < kBlocks; ++c) {
