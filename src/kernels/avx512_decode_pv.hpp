@@ -296,8 +296,7 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     // Each row's weight pair broadcast straight from memory (a load, not a shuffle port uop).
     __m512i x[RB];
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r)
-      x[r] = _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(&sl.q[r][g * kI16Group + j]))));
+    for (int r = 0; r < RB; ++r) x[r] = _mm512_broadcastd_epi32(_mm_loadu_si32(&sl.q[r][g * kI16Group + j]));
 #pragma GCC unroll 2
     for (int c = 0; c < NC; ++c) {
       // The two keys' int16 values as pairs, in the column order of unpacked_columns_index.
