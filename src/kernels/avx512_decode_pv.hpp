@@ -192,7 +192,7 @@ void pv_rows_any(const DecodePv& t) {
 // passes of 64 columns: per group of kI16Group keys, RB x 4 int32 accumulators take vpdpwssd of each
 // row's int16 weight pair (broadcast from memory) with the two keys' rows sign-extended (vpmovsxbw,
 // plain loads where the pass's columns are all below H) and interleaved into pairs in-lane
-// (vpunpck{l,h}wd, one uop where vpermt2w took three: the columns then in unpacked_columns_index's
+// (vpunpck{l,h}wd, one uop where vpermt2w took three: the columns then in to_unpacked_columns'
 // order, put back by one vpermt2d per 16 sums); then O = fma(W / 32767, float(sum), O) (O in L1).
 // Each V chunk is converted in one instruction per block of rows. In L2 at 4 rows (H = 128) this took
 // P.V from 10.7 to 7.9 ns a key (docs/performance.md, session 22).
@@ -260,18 +260,6 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
   }
 }
 
-// Lane l of the 32 columns' sums in natural order (half 0: columns 0-15, 1: 16-31), from the two
-// accumulators that vpunpck{l,h}wd's pairs fill: the low one holds columns 0-3, 8-11, 16-19, 24-27,
-// the high one 4-7, 12-15, 20-23, 28-31 (index 16 + i for its lane i).
-inline __m512i unpacked_columns_index(int half) {
-  alignas(64) std::int32_t idx[16];
-  for (int l = 0; l < 16; ++l) {
-    const int c = 16 * half + l;
-    idx[l] = (c % 8 < 4 ? 0 : 16) + 4 * (c / 8) + c % 4;
-  }
-  return _mm512_load_si512(idx);
-}
-
 // One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys,
 // and all 32 NC columns are below H (whole chunks: plain loads, no masks).
 template <int RB, int NC, bool kFull>
@@ -280,7 +268,7 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
   // The group's 16 keys lie in one piece (jg is a multiple of 16).
   const char* v0 = KeyRows{static_cast<const char*>(t.v), t.v_pieces, t.ldv}.row(jg) + h0;
   const int read = kFull ? kI16Group : sl.keys[g];
-  const __m512i from0 = unpacked_columns_index(0), from1 = unpacked_columns_index(1);
+  const __m512i from0 = from_unpacked_columns(0), from1 = from_unpacked_columns(1);
   __m512i acc[RB][2 * NC];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r)
@@ -299,7 +287,8 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int r = 0; r < RB; ++r) x[r] = _mm512_broadcastd_epi32(_mm_loadu_si32(&sl.q[r][g * kI16Group + j]));
 #pragma GCC unroll 2
     for (int c = 0; c < NC; ++c) {
-      // The two keys' int16 values as pairs, in the column order of unpacked_columns_index.
+      // The two keys' int16 values as pairs, in the column order of to_unpacked_columns
+      // (avx512_helpers.hpp).
       const __m512i a = row(j, c), b = row(j + 1, c);
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
 #pragma GCC unroll 4

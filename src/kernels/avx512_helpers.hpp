@@ -111,6 +111,25 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
+
+// vpunpcklwd / vpunpckhwd of two rows' 32 int16 (or bf16) columns pair them in-lane, leaving the
+// columns of the pairs in the order: lane l of the low result is column 8 (l / 4) + l % 4, of the high
+// one that plus 4. to_unpacked_columns(half): those columns as indices (32-bit lanes, for
+// vpermt2d/vpermt2ps over the 16 natural columns of half 0 and 1); from_unpacked_columns(half): the
+// inverse, lane l the position of natural column 16 half + l in (low, high) (16 + i: the high's lane i).
+inline __m512i to_unpacked_columns(int half) {
+  alignas(64) std::int32_t idx[16];
+  for (int l = 0; l < 16; ++l) idx[l] = 8 * (l / 4) + l % 4 + 4 * half;
+  return _mm512_load_si512(idx);
+}
+inline __m512i from_unpacked_columns(int half) {
+  alignas(64) std::int32_t idx[16];
+  for (int l = 0; l < 16; ++l) {
+    const int c = 16 * half + l;
+    idx[l] = (c % 8 < 4 ? 0 : 16) + 4 * (c / 8) + c % 4;
+  }
+  return _mm512_load_si512(idx);
+}
 #pragma GCC diagnostic pop
 
 // 2^x, the polynomial of exp_poly.hpp: f = x - floor(x) (vreduceps, round-down mode), P(f), and

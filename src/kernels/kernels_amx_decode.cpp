@@ -241,22 +241,6 @@ __attribute__((noinline)) PvScratch& pv_scratch() {  // (as qk_scratch)
   return w;
 }
 
-// The order of a 32-column block in the scratch: lane l of its first 16 is column 8 (l / 4) + l % 4,
-// of its second 16 that plus 4 (what vpunpcklwd / vpunpckhwd of two rows' 32 columns give).
-inline __m512i to_tiles_index(int half) {
-  alignas(64) std::int32_t idx[16];
-  for (int l = 0; l < 16; ++l) idx[l] = 8 * (l / 4) + l % 4 + 4 * half;
-  return _mm512_load_si512(idx);
-}
-inline __m512i from_tiles_index(int half) {  // the inverse, over the two 16-lane halves
-  alignas(64) std::int32_t idx[16];
-  for (int l = 0; l < 16; ++l) {
-    const int c = 16 * half + l, rem = c % 8, q = c / 8;
-    idx[l] = rem < 4 ? 4 * q + rem : 16 + 4 * q + rem - 4;
-  }
-  return _mm512_load_si512(idx);
-}
-
 // One pass over the call's keys for the columns [h0, h0 + 32 kBlocks) (C tiles tmm0 .. tmm(2 kBlocks - 1)),
 // in steps of kPvKeys keys of the call.
 // kept: the call's B tiles of this pass, one BTiles per step (formed here unless `formed`), or null
@@ -345,7 +329,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0, BTiles* kept, 
 
 void pv_rows(const DecodePv& t) {
   PvScratch& w = pv_scratch();
-  const __m512i to0 = to_tiles_index(0), to1 = to_tiles_index(1);
+  const __m512i to0 = to_unpacked_columns(0), to1 = to_unpacked_columns(1);
   for (int r = 0; r < t.rows; ++r) {  // O corr into the scratch, in the tiles' column order
     const __m512 f = _mm512_set1_ps(t.corr != nullptr ? t.corr[r] : 1.0f);
     for (std::int64_t h = 0; h < t.Hp; h += 32) {
@@ -371,7 +355,7 @@ void pv_rows(const DecodePv& t) {
   std::int64_t h = 0;
   for (; h + 64 <= t.Hp; h += 64) pv_columns<2>(t, w, h, kept ? kept + h / 64 * steps : nullptr, formed);
   if (h < t.Hp) pv_columns<1>(t, w, h, kept ? kept + h / 64 * steps : nullptr, formed);
-  const __m512i from0 = from_tiles_index(0), from1 = from_tiles_index(1);
+  const __m512i from0 = from_unpacked_columns(0), from1 = from_unpacked_columns(1);
   for (int r = 0; r < t.rows; ++r)
     for (std::int64_t c = 0; c < t.Hp; c += 32) {
       const __m512 x = _mm512_load_ps(&w.o[r][c]), y = _mm512_load_ps(&w.o[r][c + 16]);
