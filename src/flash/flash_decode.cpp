@@ -43,6 +43,17 @@
 // (before session 21 dense blocks started at the window's first key, and on the amx tiles dense and
 // paged caches then differed in the last bits).
 //
+// Head groups (paged K/V): a page holds all kv heads' rows of its keys ([num_pages, K, page_size, H]),
+// so the tasks of one sequence's split (the same rows and keys) for up to Plan::heads kv heads run in
+// one thread as a group, block by block, each block through every head before the next: the heads'
+// rows of the block's pages are read close together in time, the pages' address translations and
+// DRAM rows are still at hand for the heads after the first, and the L2 streamer's run past one
+// head's rows (int8 at page 16: 2 KiB of a 4 KiB page) holds the next head's. Each head's rows still
+// go through the same blocks and kernel calls, so the bits are those of one task per head. Measured
+// on Sapphire Rapids, 8 sequences, T = 1 (docs/performance.md, session 23): page 16 bf16 1.03-1.05x,
+// int8 1.10-1.12x, page 256 1.08-1.11x faster; on a dense cache the heads lie 2 S_max H bytes apart
+// and a group was no faster (0.97-1.0x), so dense tasks stay one head each.
+//
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
 // (the products form) or apply the scales to the logits and the weights (the integers form; its
@@ -84,6 +95,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
 // Pages shorter than this go in one call per block (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
+// A thread's task group holds at most this much of its kv heads' state (paged caches: Plan::heads).
+constexpr std::int64_t kHeadStateBytes = 512 * 1024;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
@@ -92,6 +105,7 @@ struct Plan {
   std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   bool one_call = false;  // pages go in one call per block (see for_each_piece)
+  std::int64_t heads = 1;  // the most kv heads of a task group (paged; see the top of the file)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
@@ -127,6 +141,12 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.one_call = pages != nullptr &&
                   (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
   plan.work = plan_tasks(p, p.T, bkv);
+  // Paged: the kv heads of a sequence's split together (see the top of the file), as many as keep their
+  // state (q, O, m, l) within kHeadStateBytes.
+  if (pages != nullptr) {
+    const std::int64_t state = plan.M * plan.Hp * 6 + plan.M * 12;
+    plan.heads = std::clamp<std::int64_t>(kHeadStateBytes / state, 1, std::max<std::int64_t>(p.K, 1));
+  }
   return plan;
 }
 
@@ -265,10 +285,12 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
 struct Workspace {
   AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16;
   std::int64_t ld = 0;  // of S and P, in elements
+  std::int64_t M = 0;   // rows of each head's q, o, m, l and corr (heads of a task group one after another)
   explicit Workspace(const std::vector<Plan>& plans) {
-    std::int64_t M = 0, R = 0, Hp = 0, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
+    std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
     for (const Plan& plan : plans) {
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
+      heads = std::max(heads, plan.heads);
       ld = std::max(ld, padded_keys(plan.work.bkv));
       if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
       if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
@@ -284,9 +306,10 @@ struct Workspace {
     }
     if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
     if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
-    q.reset(static_cast<std::size_t>(M * Hp * 2));
-    o.reset(static_cast<std::size_t>(M * Hp * 4));
-    for (AlignedBuffer* b : {&m, &l, &corr, &lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
+    q.reset(static_cast<std::size_t>(heads * M * Hp * 2));
+    o.reset(static_cast<std::size_t>(heads * M * Hp * 4));
+    for (AlignedBuffer* b : {&m, &l, &corr}) b->reset(static_cast<std::size_t>(heads * M * 4));
+    for (AlignedBuffer* b : {&lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
     s.reset(static_cast<std::size_t>(R * ld * 4));
     p.reset(static_cast<std::size_t>(R * ld * 2));
     std::memset(s.data(), 0, s.bytes());
@@ -297,16 +320,17 @@ struct Workspace {
 // the block; block_seen the keys its last row sees; more: a group follows): S = scale Q K^T, the
 // softcap, the online softmax, O = O corr + P V. v_kept: this thread's last P.V call of the block had
 // keep_v (in and out).
-void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, std::int64_t s0,
-               std::int64_t r0, std::int64_t R, std::int64_t block_seen, bool more, bool& v_kept) {
+void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
+               std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t block_seen, bool more, bool& v_kept) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp;
   const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
   const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
   if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block (the last row sees the last keys)
-  const std::uint16_t* q = w.q.as<std::uint16_t>() + r0 * Hp;
-  float* o = w.o.as<float>() + r0 * Hp;
-  float* corr = w.corr.as<float>() + r0;
+  const std::int64_t hr = head * w.M + r0;  // the group's first row in the head's state
+  const std::uint16_t* q = w.q.as<std::uint16_t>() + hr * Hp;
+  float* o = w.o.as<float>() + hr * Hp;
+  float* corr = w.corr.as<float>() + hr;
   // Overlap: the first group of a dense block, with enough rows (see the top of the file).
   const bool overlap =
       plan.pages == nullptr && r0 == 0 && kern.decode_overlap_rows > 0 && R >= kern.decode_overlap_rows;
@@ -342,8 +366,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, Worksp
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(w.s.as<float>() + r * w.ld, keys_seen, p.softcap);
   // Running max, P = exp(S - m) (bf16), l = l corr + sum P; keys outside [lo[r], hi[r]) masked.
-  const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, w.m.as<float>() + r0,
-                                        w.l.as<float>() + r0, corr, lo, hi, padded_keys(keys_seen),
+  const bool moved = kern.softmax_tile({w.s.as<float>(), w.ld, w.p.data(), w.ld, w.m.as<float>() + hr,
+                                        w.l.as<float>() + hr, corr, lo, hi, padded_keys(keys_seen),
                                         static_cast<int>(R), true});
   // O = O corr + P V on keys [j0, j0 + len), rows at v (the rescale only when some row's max moved, by
   // the first call).
@@ -380,21 +404,28 @@ void rows_to_bf16(const Problem& p, const Plan& plan, const FlashTask& task, boo
                  });
 }
 
-void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspace& w, SplitPartials& parts) {
+// A task group: tasks [first, first + count) of a plan (of `grouped`), the same rows and keys of up to
+// Plan::heads kv heads of one sequence (see the top of the file).
+struct TaskGroup {
+  std::size_t plan, first, count;
+};
+
+void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::int64_t count, Workspace& w,
+               SplitPartials& parts) {
   const FlashKernels& kern = *plan.kern;
+  const FlashTask& task = tasks[0];  // b, q block and keys: the group's
   const std::int64_t M = plan.work.rows(p, task.qb), Hp = plan.Hp, bkv = plan.work.bkv;
   const RowOrder rows = plan.work.row_order(p, task.qb);
-  auto* q = w.q.as<std::uint16_t>();
-  auto* o = w.o.as<float>();
-  auto* m = w.m.as<float>();
-  auto* l = w.l.as<float>();
   auto* lo = w.lo.as<std::int32_t>();
   auto* hi = w.hi.as<std::int32_t>();
-  for (std::int64_t r = 0; r < M; ++r)
-    kern.pack_q_row(q + r * Hp, {p.q_row(task.b, task.kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
-  std::fill(o, o + M * Hp, 0.0f);
-  std::fill(m, m + M, kNegInf);
-  std::fill(l, l + M, 0.0f);
+  for (std::int64_t i = 0; i < count; ++i) {
+    auto* q = w.q.as<std::uint16_t>() + i * w.M * Hp;
+    for (std::int64_t r = 0; r < M; ++r)
+      kern.pack_q_row(q + r * Hp, {p.q_row(task.b, tasks[i].kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
+    std::fill_n(w.o.as<float>() + i * w.M * Hp, M * Hp, 0.0f);
+    std::fill_n(w.m.as<float>() + i * w.M, M, kNegInf);
+    std::fill_n(w.l.as<float>() + i * w.M, M, 0.0f);
+  }
 
   // The first block starts at a multiple of plan.align, dense or paged alike (the keys before
   // task.keys.begin, a window's first key, are masked below; split boundaries are multiples of bkv).
@@ -407,15 +438,19 @@ void run_task(const Problem& p, const Plan& plan, const FlashTask& task, Workspa
       lo[r] = static_cast<std::int32_t>(keys.begin);
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
-    // f16/f32 rows as bf16 once for all the row groups: the keys some row sees (the last row's).
-    if (plan.convert_k) rows_to_bf16(p, plan, task, true, s0, hi[M - 1], w.k_bf16.as<std::uint16_t>());
-    if (plan.convert_v) rows_to_bf16(p, plan, task, false, s0, hi[M - 1], w.v_bf16.as<std::uint16_t>());
-    // The row groups one after another on the same block, which stays in L2 after the first.
-    bool v_kept = false;
-    for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
-      run_group(p, plan, task, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1], r0 + plan.R < M, v_kept);
+    for (std::int64_t i = 0; i < count; ++i) {
+      // f16/f32 rows as bf16 once for all the row groups: the keys some row sees (the last row's).
+      if (plan.convert_k) rows_to_bf16(p, plan, tasks[i], true, s0, hi[M - 1], w.k_bf16.as<std::uint16_t>());
+      if (plan.convert_v) rows_to_bf16(p, plan, tasks[i], false, s0, hi[M - 1], w.v_bf16.as<std::uint16_t>());
+      // The row groups one after another on the same block, which stays in L2 after the first.
+      bool v_kept = false;
+      for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
+        run_group(p, plan, tasks[i], i, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1], r0 + plan.R < M, v_kept);
+    }
   }
-  finish_task(p, plan.work, task, M, o, Hp, m, l, parts);
+  for (std::int64_t i = 0; i < count; ++i)
+    finish_task(p, plan.work, tasks[i], M, w.o.as<float>() + i * w.M * Hp, Hp, w.m.as<float>() + i * w.M,
+                w.l.as<float>() + i * w.M, parts);
 }
 
 }  // namespace
@@ -443,7 +478,9 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
   std::vector<const Problem*> ps;
   std::vector<Plan> plans;
   std::vector<SplitPartials> parts;
-  std::vector<std::pair<std::size_t, std::size_t>> tasks, merges;  // (plan, task or merge)
+  std::vector<FlashTask> grouped;  // the plans' tasks, each group's together
+  std::vector<TaskGroup> groups;
+  std::vector<std::pair<std::size_t, std::size_t>> merges;  // (plan, merge)
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const Problem& p = *problems[i];
     if (p.B == 0 || p.T == 0) continue;
@@ -451,16 +488,33 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
     plans.push_back(make_plan(p, k, pages[i]));
     const Plan& plan = plans.back();
     parts.emplace_back(plan.work, plan.M, plan.Hp);
-    for (std::size_t t = 0; t < plan.work.tasks.size(); ++t) tasks.push_back({plans.size() - 1, t});
+    // Tasks of the same rows and keys (b, q block, split), up to plan.heads kv heads a group, in the
+    // order of their first task.
+    std::vector<bool> taken(plan.work.tasks.size(), false);
+    for (std::size_t t = 0; t < plan.work.tasks.size(); ++t) {
+      if (taken[t]) continue;
+      const FlashTask& a = plan.work.tasks[t];
+      TaskGroup g{plans.size() - 1, grouped.size(), 0};
+      for (std::size_t u = t; u < plan.work.tasks.size() && static_cast<std::int64_t>(g.count) < plan.heads; ++u) {
+        const FlashTask& c = plan.work.tasks[u];
+        if (taken[u] || c.b != a.b || c.qb != a.qb || c.keys.begin != a.keys.begin || c.keys.end != a.keys.end)
+          continue;
+        taken[u] = true;
+        grouped.push_back(c);
+        ++g.count;
+      }
+      groups.push_back(g);
+    }
     for (std::size_t m = 0; m < plan.work.merges.size(); ++m) merges.push_back({plans.size() - 1, m});
   }
   if (ps.empty()) return;
   run_tasks_then_merges(
-      *ps[0], static_cast<std::int64_t>(tasks.size()), static_cast<std::int64_t>(merges.size()),
+      *ps[0], static_cast<std::int64_t>(groups.size()), static_cast<std::int64_t>(merges.size()),
       [&] { return Workspace(plans); },
       [&](std::int64_t i, Workspace& w) {
-        const auto [j, t] = tasks[static_cast<std::size_t>(i)];
-        run_task(*ps[j], plans[j], plans[j].work.tasks[t], w, parts[j]);
+        const TaskGroup& g = groups[static_cast<std::size_t>(i)];
+        run_tasks(*ps[g.plan], plans[g.plan], grouped.data() + g.first, static_cast<std::int64_t>(g.count), w,
+                  parts[g.plan]);
       },
       [&](std::int64_t i, float* acc) {
         const auto [j, m] = merges[static_cast<std::size_t>(i)];
