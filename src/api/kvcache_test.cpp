@@ -19,6 +19,7 @@
 #include "core/int_math.hpp"
 #include "core/problem.hpp"
 #include "core/quantize_row.hpp"
+#include "flash/flash_decode.hpp"
 #include "flashgqa/flashgqa.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
@@ -350,6 +351,32 @@ TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
             }
         }
     }
+}
+
+// Paged caches run a sequence's kv heads in groups (flash_decode.cpp, decode_group_heads), checked
+// against the dense cache's bits, where every task is one head: 8 kv heads, 24 tasks at T = 1 (the
+// first sequence's keys in two splits), in groups of 6 on 1 thread and of 2 on 3 threads.
+TEST_P(KvCacheTest, HeadGroupsGiveTheBitsOfOneHeadATask) {
+  EXPECT_EQ(8, decode_group_heads(8, 4, 128, 64, 1));
+  EXPECT_EQ(6, decode_group_heads(8, 4, 128, 24, 1));
+  EXPECT_EQ(2, decode_group_heads(8, 4, 128, 24, 3));
+  EXPECT_EQ(1, decode_group_heads(8, 4, 128, 24, 16));
+  EXPECT_EQ(5, decode_group_heads(32, 64, 256, 100000, 1));  // the state of 5 heads fits 512 KiB
+  for (const auto& [dtype, T] : {std::pair{DType::bf16, std::int64_t{1}}, {DType::i8, 1}, {DType::bf16, 4}}) {
+    std::vector<float> first;
+    for (std::int64_t page_size : {0, 16, 256})
+      for (int threads : {1, 3}) {
+        if (page_size == 0 && threads > 1) continue;  // (the dense cache's tasks are one head each)
+        const CacheSpec spec{8, 4, T, 128, {2100, 700}, page_size, dtype, true};
+        CacheCase c(spec, 11);
+        Options o;
+        o.causal = true;
+        o.threads = threads;
+        c.run(o);
+        if (first.empty()) first = c.out_and_lse();
+        EXPECT_TRUE(bitwise_equal(first, c.out_and_lse())) << to_string(spec) << " threads " << threads;
+      }
+  }
 }
 
 // to's queries set to from's values (the same shape), stored in to's dtype (rounded to nearest even).

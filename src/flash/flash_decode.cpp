@@ -78,6 +78,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -95,8 +96,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
 // Pages shorter than this go in one call per block (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
-// A thread's task group holds at most this much of its kv heads' state (paged caches: Plan::heads).
-constexpr std::int64_t kHeadStateBytes = 512 * 1024;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
@@ -141,12 +140,7 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.one_call = pages != nullptr &&
                   (pages->page_size < kGatherPagesBelow || pages->page_size % k.decode_pv_step_keys != 0);
   plan.work = plan_tasks(p, p.T, bkv);
-  // Paged: the kv heads of a sequence's split together (see the top of the file), as many as keep their
-  // state (q, O, m, l) within kHeadStateBytes.
-  if (pages != nullptr) {
-    const std::int64_t state = plan.M * plan.Hp * 6 + plan.M * 12;
-    plan.heads = std::clamp<std::int64_t>(kHeadStateBytes / state, 1, std::max<std::int64_t>(p.K, 1));
-  }
+  plan.heads = pages != nullptr ? p.K : 1;  // (decode_group_heads cuts it down)
   return plan;
 }
 
@@ -455,6 +449,13 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
 
 }  // namespace
 
+std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t tasks, int threads) {
+  const std::int64_t state = M * Hp * 6 + M * 12;  // q (bf16), O, m, l, corr
+  const std::int64_t fit = kHeadStateBytes / std::max<std::int64_t>(state, 1);
+  const std::int64_t spread = tasks / (kGroupsPerThread * std::max(threads, 1));
+  return std::max<std::int64_t>(1, std::min({heads, fit, spread}));
+}
+
 std::int64_t decode_positions(const Problem& p, const FlashKernels& k) {
   return std::clamp<std::int64_t>(k.decode_max_rows / std::max<std::int64_t>(p.G, 1), 1,
                                   std::max<std::int64_t>(block_positions(p), 1));
@@ -488,26 +489,42 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
     plans.push_back(make_plan(p, k, pages[i]));
     const Plan& plan = plans.back();
     parts.emplace_back(plan.work, plan.M, plan.Hp);
-    // Tasks of the same rows and keys (b, q block, split), up to plan.heads kv heads a group, in the
-    // order of their first task.
-    std::vector<bool> taken(plan.work.tasks.size(), false);
-    for (std::size_t t = 0; t < plan.work.tasks.size(); ++t) {
-      if (taken[t]) continue;
-      const FlashTask& a = plan.work.tasks[t];
-      TaskGroup g{plans.size() - 1, grouped.size(), 0};
-      for (std::size_t u = t; u < plan.work.tasks.size() && static_cast<std::int64_t>(g.count) < plan.heads; ++u) {
-        const FlashTask& c = plan.work.tasks[u];
-        if (taken[u] || c.b != a.b || c.qb != a.qb || c.keys.begin != a.keys.begin || c.keys.end != a.keys.end)
-          continue;
-        taken[u] = true;
-        grouped.push_back(c);
-        ++g.count;
-      }
-      groups.push_back(g);
-    }
     for (std::size_t m = 0; m < plan.work.merges.size(); ++m) merges.push_back({plans.size() - 1, m});
   }
   if (ps.empty()) return;
+  std::int64_t ntasks = 0;
+  for (const Plan& plan : plans) ntasks += static_cast<std::int64_t>(plan.work.tasks.size());
+  for (std::size_t j = 0; j < plans.size(); ++j) {
+    Plan& plan = plans[j];
+    const std::vector<FlashTask>& tasks = plan.work.tasks;
+    plan.heads = decode_group_heads(plan.heads, plan.M, plan.Hp, ntasks, ps[0]->threads);
+    if (plan.heads == 1) {  // a task a group, in the plan's order
+      for (std::size_t t = 0; t < tasks.size(); ++t) groups.push_back({j, grouped.size() + t, 1});
+      grouped.insert(grouped.end(), tasks.begin(), tasks.end());
+      continue;
+    }
+    // Tasks of the same rows and keys (b, q block, split) next to each other, then cut into groups of
+    // up to plan.heads kv heads.
+    std::vector<std::size_t> order(tasks.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const auto key = [&](std::size_t t) {
+      const FlashTask& x = tasks[t];
+      return std::tuple{x.b, x.qb, x.keys.begin, x.keys.end, x.kh};
+    };
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return key(x) < key(y); });
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const FlashTask& x = tasks[order[i]];
+      const bool joins = !groups.empty() && groups.back().plan == j && i > 0 &&
+                         static_cast<std::int64_t>(groups.back().count) < plan.heads;
+      const FlashTask* last = joins ? &tasks[order[i - 1]] : nullptr;
+      if (last != nullptr && last->b == x.b && last->qb == x.qb && last->keys.begin == x.keys.begin &&
+          last->keys.end == x.keys.end)
+        ++groups.back().count;
+      else
+        groups.push_back({j, grouped.size(), 1});
+      grouped.push_back(x);
+    }
+  }
   run_tasks_then_merges(
       *ps[0], static_cast<std::int64_t>(groups.size()), static_cast<std::int64_t>(merges.size()),
       [&] { return Workspace(plans); },
