@@ -46,13 +46,14 @@
 // Head groups (paged K/V): a page holds all kv heads' rows of its keys ([num_pages, K, page_size, H]),
 // so the tasks of one sequence's split (the same rows and keys) for up to Plan::heads kv heads run in
 // one thread as a group, block by block, each block through every head before the next: the heads'
-// rows of the block's pages are read close together in time, the pages' address translations and
-// DRAM rows are still at hand for the heads after the first, and the L2 streamer's run past one
-// head's rows (int8 at page 16: 2 KiB of a 4 KiB page) holds the next head's. Each head's rows still
-// go through the same blocks and kernel calls, so the bits are those of one task per head. Measured
-// on Sapphire Rapids, 8 sequences, T = 1 (docs/performance.md, session 23): page 16 bf16 1.03-1.05x,
-// int8 1.10-1.12x, page 256 1.08-1.11x faster; on a dense cache the heads lie 2 S_max H bytes apart
-// and a group was no faster (0.97-1.0x), so dense tasks stay one head each.
+// rows of the block's pages are read close together in time (why that is faster was not measured, no
+// counters on that host: likely the pages' address translations still cached for the heads after the
+// first, and for int8 at page 16 two heads' rows in each 4 KiB page). Each head's rows still
+// go through the same blocks and kernel calls, so the bits are those of one task per head. How many
+// heads a group takes: decode_group_heads (flash_decode.hpp). Measured on Sapphire Rapids, 8
+// sequences, T = 1 (docs/performance.md, session 23): page 16 bf16 1.07-1.09x, int8 1.14-1.17x, page
+// 256 1.03-1.10x faster; on a dense cache a head's rows lie 2 S_max H bytes from the next head's and
+// groups were no faster (0.98-0.99x), so dense tasks stay one head each.
 //
 // int8 K/V (the KV-cache API's quantized cache, Problem::k_scale/v_scale): each piece also carries its
 // keys' scales (a gathered piece, a copy of them), and the kernels scale the rows as they read them
