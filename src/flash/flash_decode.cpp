@@ -515,11 +515,9 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
     std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return key(x) < key(y); });
     for (std::size_t i = 0; i < order.size(); ++i) {
       const FlashTask& x = tasks[order[i]];
-      const bool joins = !groups.empty() && groups.back().plan == j && i > 0 &&
-                         static_cast<std::int64_t>(groups.back().count) < plan.heads;
-      const FlashTask* last = joins ? &tasks[order[i - 1]] : nullptr;
-      if (last != nullptr && last->b == x.b && last->qb == x.qb && last->keys.begin == x.keys.begin &&
-          last->keys.end == x.keys.end)
+      const FlashTask* prev = i > 0 ? &tasks[order[i - 1]] : nullptr;  // in groups.back() when there is one
+      if (prev != nullptr && prev->b == x.b && prev->qb == x.qb && prev->keys.begin == x.keys.begin &&
+          prev->keys.end == x.keys.end && static_cast<std::int64_t>(groups.back().count) < plan.heads)
         ++groups.back().count;
       else
         groups.push_back({j, grouped.size(), 1});
