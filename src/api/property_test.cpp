@@ -3,9 +3,6 @@
 // counts. Every call either throws flashgqa::Error or writes out (and lse) within the float64
 // reference's bounds, and never touches memory outside out and lse: every tensor lives in its own
 // mapping with inaccessible guard pages right before and after it, so a stray read or write faults.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,34 +19,12 @@
 #include "ladder/ladder.hpp"
 #include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
+#include "testing/guarded_memory.hpp"
 
 namespace flashgqa {
 namespace {
 
-// A tensor's memory between two PROT_NONE pages, its last byte right before the trailing guard.
-class GuardedBuffer {
- public:
-  explicit GuardedBuffer(std::size_t bytes) : bytes_(bytes) {
-    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-    const std::size_t body = (bytes + page - 1) / page * page;
-    size_ = body + 2 * page;
-    base_ = static_cast<char*>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base_ == MAP_FAILED) throw std::bad_alloc();
-    mprotect(base_, page, PROT_NONE);
-    mprotect(base_ + page + body, page, PROT_NONE);
-    data_ = base_ + page + body - bytes;
-  }
-  ~GuardedBuffer() { munmap(base_, size_); }
-  GuardedBuffer(const GuardedBuffer&) = delete;
-  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
-  char* data() const { return data_; }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  char* base_ = nullptr;
-  char* data_ = nullptr;
-  std::size_t size_ = 0, bytes_ = 0;
-};
+using testing::GuardedBuffer;
 
 struct RandomTensor {
   TensorView view;

@@ -79,11 +79,14 @@ double forward_out_error(const Problem& p, const KeySums& sums, double abs_logit
 }
 
 std::string ErrorReport::describe() const {
-  char buf[320];
+  char lse[96] = "";
+  if (lse_worst_ratio > 0.0)  // lse was checked (and some element of it differs)
+    std::snprintf(lse, sizeof lse, ", lse max |err| %.3e (worst err/bound %.3f)", lse_max_err, lse_worst_ratio);
+  char buf[416];
   std::snprintf(buf, sizeof buf,
-                "max |err| %.3e (worst err/bound %.3f%s%s), mean |err| %.3e (bound %.3e)%s: %s", max_err,
+                "max |err| %.3e (worst err/bound %.3f%s%s), mean |err| %.3e (bound %.3e)%s%s: %s", max_err,
                 worst_ratio, worst_tensor ? " in " : "", worst_tensor ? worst_tensor : "", mean_err,
-                mean_bound, nan_mismatches ? ", NaN mismatches" : "", ok ? "ok" : "FAIL");
+                mean_bound, lse, nan_mismatches ? ", NaN mismatches" : "", ok ? "ok" : "FAIL");
   return buf;
 }
 
