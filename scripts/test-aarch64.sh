@@ -11,7 +11,8 @@
 #     printing the reason): every micro-kernel against its scalar model, every rung, the packed flash
 #     path on awkward shapes, causal offsets, masked rows, NaN, empty inputs, large logits, KV splits
 #     and decode, the softcap, the backward, sinks; the decode kernels against their scalar model
-#     (DecodeKernels.*) and through the decode path and the KV-cache API on neon-bf16;
+#     (DecodeKernels.*) and through the decode path and the KV-cache API on neon-bf16, guarded caches
+#     included (src/api/kvcache_guard_test.cpp);
 #   -cpu max with FLASHGQA_ISA=neon, then FLASHGQA_ISA=portable: $active, the tests that run on the
 #     active path only, so each aarch64 path is forced in turn (the portable set's per-path suites run
 #     on every x86 run: the same C++);
@@ -63,6 +64,9 @@ main+=":LinearAttention.SubnormalInputsPassOnEveryInstructionSet"
 # path there, the policy code every x86 run tests).
 main+=":DecodeKernels.*:AllIsas/FlashDecode.*/neon_bf16:AllIsas/KvCacheTest.MatchesReference/neon_bf16"
 main+=":AllIsas/KvCacheTest.VariantsMatchReference/neon_bf16:AllIsas/KvCacheTest.Int8*/neon_bf16:QuantizeKv*"
+# Guarded caches (every page before an inaccessible page): the neon-bf16 decode kernels read no row past
+# a page (~45 s emulated, one test: in one shard).
+main+=":AllIsas/KvCacheGuardTest.*/neon_bf16"
 active='SoftcapLadder*:SoftcapOption*:KvSplits*:FlashBlocks*:Interrupt*:SinksReference*:PackedSequences.ReferenceEquals*'
 
 # One emulated process keeps one core busy: the suite runs as $jobs GoogleTest shards side by side
