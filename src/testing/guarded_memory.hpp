@@ -8,10 +8,29 @@
 
 #include <cstddef>
 #include <new>
+#include <stdexcept>
 
 namespace flashgqa::testing {
 
 inline std::size_t os_page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+
+// A fresh read-write mapping of `size` bytes with PROT_NONE pages at its start and at first_guard + i
+// guard_stride for i < guards; throws (unmapping it) where a guard cannot be set, so that no test runs
+// without its guards.
+inline char* map_with_guards(std::size_t size, std::size_t first_guard, std::size_t guard_stride,
+                             std::size_t guards) {
+  char* base = static_cast<char*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  const std::size_t page = os_page_bytes();
+  bool ok = mprotect(base, page, PROT_NONE) == 0;
+  for (std::size_t i = 0; i < guards && ok; ++i)
+    ok = mprotect(base + first_guard + i * guard_stride, page, PROT_NONE) == 0;
+  if (!ok) {
+    munmap(base, size);
+    throw std::runtime_error("guarded memory: mprotect failed");
+  }
+  return base;
+}
 
 // `bytes` bytes between two PROT_NONE pages, the last byte right before the trailing one.
 class GuardedBuffer {
@@ -20,10 +39,7 @@ class GuardedBuffer {
     const std::size_t page = os_page_bytes();
     const std::size_t body = (bytes + page - 1) / page * page;
     size_ = body + 2 * page;
-    base_ = static_cast<char*>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base_ == MAP_FAILED) throw std::bad_alloc();
-    mprotect(base_, page, PROT_NONE);
-    mprotect(base_ + page + body, page, PROT_NONE);
+    base_ = map_with_guards(size_, page + body, 0, 1);
     data_ = base_ + page + body - bytes;
   }
   ~GuardedBuffer() { munmap(base_, size_); }
@@ -47,10 +63,7 @@ class GuardedSegments {
     const std::size_t body = (bytes + page - 1) / page * page;
     stride_ = body + page;
     size_ = page + count * stride_;
-    base_ = static_cast<char*>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base_ == MAP_FAILED) throw std::bad_alloc();
-    mprotect(base_, page, PROT_NONE);
-    for (std::size_t i = 0; i < count; ++i) mprotect(base_ + page + i * stride_ + body, page, PROT_NONE);
+    base_ = map_with_guards(size_, page + body, stride_, count);
     first_ = base_ + page + body - bytes;
   }
   ~GuardedSegments() { munmap(base_, size_); }
