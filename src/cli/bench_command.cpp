@@ -21,7 +21,8 @@ namespace {
 
 const std::vector<FlagSpec> kFlags = {{"out"},    {"shape"},         {"seq"},     {"algos"},
                                       {"threads"}, {"causal", false}, {"repeats"}, {"budget"},
-                                      {"softcap"}, {"decode", false}, {"kv-dtypes"}, {"page-sizes"}};
+                                      {"softcap"}, {"decode", false}, {"kv-dtypes"}, {"page-sizes"},
+                                      {"huge-pages", false}};
 
 // The backward pass of flash (attention_backward), benchmarked beside the ladder's rungs.
 constexpr const char* kBackwardName = "flash-backward";
@@ -113,7 +114,7 @@ const char* bench_help() {
 int bench_command(const std::vector<std::string>& words) {
   const Args args("bench", words, kFlags);
   if (args.has("decode")) return bench_decode(args);
-  for (const char* flag : {"kv-dtypes", "page-sizes"})
+  for (const char* flag : {"kv-dtypes", "page-sizes", "huge-pages"})
     if (args.has(flag)) throw Error(std::string("--") + flag + ": only with --decode");
   study::Shape base = args.has("shape") ? parse_shape("--shape", args.required("shape"))
                                         : study::Shape{1, 2, 4, 0, 0, 128};

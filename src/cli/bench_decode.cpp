@@ -3,6 +3,8 @@
 // A decode step reads every K/V byte of every sequence once and does ~G FLOP per byte, so its
 // roofline is the DRAM stream: the fraction of that bandwidth is its efficiency, and int8 K/V (one
 // byte per value and a 4-byte scale per row) should run at ~2x bf16's tokens/s for the same fraction.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,10 +41,52 @@ struct DecodeShape {
   }
 };
 
+// A cache's K or V values: from the heap, or (--huge-pages) a mapping advised MADV_HUGEPAGE before
+// anything is written to it, 2 MiB aligned, so that transparent huge pages back it where the kernel
+// allows them ("always" or "madvise" in /sys/kernel/mm/transparent_hugepage/enabled).
+class CacheMemory {
+ public:
+  CacheMemory() = default;
+  CacheMemory(std::size_t bytes, bool huge) {
+    if (!huge) {
+      heap_.resize(bytes);
+      data_ = heap_.data();
+      return;
+    }
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    size_ = (bytes + kHuge - 1) / kHuge * kHuge + kHuge;  // room to align the start
+    void* m = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw Error("bench --decode: could not map " + std::to_string(size_) + " bytes for the cache");
+    map_ = static_cast<std::byte*>(m);
+    data_ = map_ + (kHuge - reinterpret_cast<std::uintptr_t>(map_) % kHuge) % kHuge;
+#ifdef MADV_HUGEPAGE
+    madvise(data_, size_ - static_cast<std::size_t>(data_ - map_), MADV_HUGEPAGE);  // advice: no error if refused
+#endif
+  }
+  ~CacheMemory() {
+    if (map_ != nullptr) munmap(map_, size_);
+  }
+  CacheMemory(const CacheMemory&) = delete;
+  CacheMemory& operator=(const CacheMemory&) = delete;
+  CacheMemory& operator=(CacheMemory&& o) noexcept {
+    std::swap(heap_, o.heap_), std::swap(map_, o.map_), std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  std::byte* data() const { return data_; }
+
+ private:
+  std::vector<std::byte> heap_;
+  std::byte* map_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;  // of the mapping
+};
+
 // One cache (dense or paged) of one K/V dtype holding the workload's keys, and the call's buffers.
 class DecodeCase {
  public:
-  DecodeCase(const DecodeShape& s, std::int64_t page_size, DType dtype) : s_(s), page_(page_size), dtype_(dtype) {
+  DecodeCase(const DecodeShape& s, std::int64_t page_size, DType dtype, bool huge_pages)
+      : s_(s), page_(page_size), dtype_(dtype) {
     lens_ = s.lengths();
     const std::int64_t longest = *std::max_element(lens_.begin(), lens_.end()) + s.T;
     std::int64_t dim0 = s.B, rows = longest;
@@ -58,19 +102,21 @@ class DecodeCase {
     const std::int64_t n = dim0 * s.K * rows * s.H;
     for (auto [seed, values, scale, view, scale_view] : {std::tuple{2, &k_, &k_scale_, &k_view_, &ks_view_},
                                                          std::tuple{3, &v_, &v_scale_, &v_view_, &vs_view_}}) {
-      std::vector<std::byte> x = random_values(n, dtype == DType::i8 ? DType::f32 : dtype, seed);
+      *values = CacheMemory(static_cast<std::size_t>(n) * dtype_size(dtype), huge_pages);
       if (dtype != DType::i8) {
-        *values = std::move(x);
+        random_values(values->data(), n, dtype, seed);
         *view = contiguous_view(values->data(), dtype, {dim0, s.K, rows, s.H});
         continue;
       }
-      values->resize(static_cast<std::size_t>(n));
+      std::vector<std::byte> x(static_cast<std::size_t>(n) * 4);  // float32, then quantized
+      random_values(x.data(), n, DType::f32, seed);
       scale->resize(static_cast<std::size_t>(dim0 * s.K * rows));
       *view = contiguous_view(values->data(), DType::i8, {dim0, s.K, rows, s.H});
       *scale_view = contiguous_view(scale->data(), DType::f32, {dim0, s.K, rows});
       quantize_kv(contiguous_view(x.data(), DType::f32, {dim0, s.K, rows, s.H}), *view, *scale_view);
     }
-    q_ = random_values(s.B * s.K * s.G * s.T * s.H, DType::bf16, 1);
+    q_.resize(static_cast<std::size_t>(s.B * s.K * s.G * s.T * s.H) * 2);
+    random_values(q_.data(), s.B * s.K * s.G * s.T * s.H, DType::bf16, 1);
     out_.resize(q_.size());
   }
 
@@ -114,25 +160,23 @@ class DecodeCase {
     return static_cast<double>(s.B) * static_cast<double>(s.K) * rows * static_cast<double>(s.H);
   }
 
-  // n values of a normal block tiled (the values do not change the time), as `dtype`.
-  static std::vector<std::byte> random_values(std::int64_t n, DType dtype, std::uint64_t seed) {
+  // n values of a normal block tiled (the values do not change the time), as `dtype`, at dst.
+  static void random_values(std::byte* dst, std::int64_t n, DType dtype, std::uint64_t seed) {
     constexpr std::int64_t kBlock = 1 << 16;
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
     std::vector<float> block(kBlock);
     for (float& x : block) x = normal(rng);
     const auto es = static_cast<std::int64_t>(dtype_size(dtype));
-    std::vector<std::byte> values(static_cast<std::size_t>(n * es));
-    for (std::int64_t i = 0; i < n; i += kBlock)
-      store_row(values.data() + i * es, dtype, block.data(), std::min(kBlock, n - i));
-    return values;
+    for (std::int64_t i = 0; i < n; i += kBlock) store_row(dst + i * es, dtype, block.data(), std::min(kBlock, n - i));
   }
 
   DecodeShape s_;
   std::int64_t page_, max_pages_ = 0;
   DType dtype_;
   std::vector<std::int32_t> lens_, table_;
-  std::vector<std::byte> k_, v_, q_, out_;
+  CacheMemory k_, v_;
+  std::vector<std::byte> q_, out_;
   std::vector<float> k_scale_, v_scale_;
   TensorView k_view_, v_view_, ks_view_, vs_view_;
 };
@@ -147,7 +191,7 @@ double seconds_of(const std::function<void()>& f) {
 
 const char* bench_decode_help() {
   return "flashgqa bench --decode [--shape B,K,G,T,S,H] [--kv-dtypes D1,D2,...] [--page-sizes P1,P2,...]\n"
-         "               [--threads N] [--repeats N] [--out DIR]\n"
+         "               [--huge-pages] [--threads N] [--repeats N] [--out DIR]\n"
          "  Times attention_with_kvcache (causal) on B sequences whose lengths are spread evenly over\n"
          "  [S/32, S], T new tokens each, for each K/V dtype and cache layout, and reports the K/V bytes\n"
          "  read per second against the DRAM read bandwidth. The cases of a layout are built together and\n"
@@ -157,7 +201,10 @@ const char* bench_decode_help() {
          "  --kv-dtypes D,...    K/V dtypes (default bfloat16,float16,float32,int8; int8 with a float32\n"
          "                       scale per row, from quantize_kv, in kvcache_int8_form()'s form)\n"
          "  --page-sizes P,...   0 = a dense [B,K,S_max,H] cache, else pages of P keys (multiples of 16),\n"
-         "                       shuffled (default 0,16,256)\n";
+         "                       shuffled (default 0,16,256)\n"
+         "  --huge-pages         K and V in memory advised MADV_HUGEPAGE (transparent huge pages where\n"
+         "                       the system allows them), as a server may allocate its cache; default:\n"
+         "                       the heap's pages\n";
 }
 
 int bench_decode(const Args& args) {
@@ -179,6 +226,7 @@ int bench_decode(const Args& args) {
   const int threads = resolve_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const int repeats = static_cast<int>(args.integer("repeats", 5, 1, 1000));
   const std::string dir = args.optional("out").value_or(".");
+  const bool huge_pages = args.has("huge-pages");
 
   for (const std::int64_t page : pages)
     for (const DType dtype : dtypes)
@@ -229,7 +277,7 @@ int bench_decode(const Args& args) {
         run_batch();
       }
       std::fprintf(stderr, "bench --decode: building %s %s ...\n", cache.c_str(), dtype_name(dtype));
-      batch.emplace_back(rows.size() - 1, std::make_unique<DecodeCase>(shape, page, dtype));
+      batch.emplace_back(rows.size() - 1, std::make_unique<DecodeCase>(shape, page, dtype, huge_pages));
       rows.back().bytes = batch.back().second->kv_bytes();
       held += DecodeCase::resident_bytes(shape, page, dtype);
     }
@@ -245,12 +293,13 @@ int bench_decode(const Args& args) {
               static_cast<long long>(shape.B),
               static_cast<long long>(shape.K), static_cast<long long>(shape.G), static_cast<long long>(shape.T),
               static_cast<long long>(shape.H), lens.front(), lens.back());
+  if (huge_pages) std::printf("K/V in memory advised MADV_HUGEPAGE (--huge-pages)\n");
   if (std::find(dtypes.begin(), dtypes.end(), DType::i8) != dtypes.end())
     std::printf("int8 computed in the \"%s\" form (flashgqa::kvcache_int8_form)\n", kvcache_int8_form());
   std::printf("%-8s %-9s %10s %9s %8s %7s %9s\n", "cache", "kv_dtype", "median_ms", "kv_MB", "GB/s", "%dram",
               "tokens/s");
   std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"
-                    "percent_dram,tokens_per_s\n";
+                    "percent_dram,tokens_per_s,huge_pages\n";
   for (Row& row : rows) {
     if (row.times.empty()) {
       std::printf("%-8s %-9s skipped: the cache would not fit in the available memory\n", row.cache.c_str(),
@@ -265,11 +314,12 @@ int bench_decode(const Args& args) {
     std::printf("%-8s %-9s %10.3f %9.1f %8.2f %7.1f %9.1f\n", row.cache.c_str(), dtype_name(row.dtype),
                 median * 1e3, bytes / 1e6, gbs, pct, tokens);
     char line[512];
-    std::snprintf(line, sizeof line, "%s,%lld,%s,%lld,%lld,%lld,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g,%.6g\n",
+    std::snprintf(line, sizeof line,
+                  "%s,%lld,%s,%lld,%lld,%lld,%lld,%lld,%lld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.4g,%.6g,%d\n",
                   row.cache.c_str(), static_cast<long long>(row.page), dtype_name(row.dtype),
                   static_cast<long long>(shape.B), static_cast<long long>(shape.K), static_cast<long long>(shape.G),
                   static_cast<long long>(shape.T), static_cast<long long>(shape.H), static_cast<long long>(shape.S),
-                  median, times.front(), times.back(), bytes, gbs, dram / 1e9, pct, tokens);
+                  median, times.front(), times.back(), bytes, gbs, dram / 1e9, pct, tokens, huge_pages ? 1 : 0);
     csv += line;
   }
   write_out_files(dir, {{"bench_decode.csv", csv}});
