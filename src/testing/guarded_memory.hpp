@@ -14,56 +14,25 @@ namespace flashgqa::testing {
 
 inline std::size_t os_page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
 
-// A fresh read-write mapping of `size` bytes with PROT_NONE pages at its start and at first_guard + i
-// guard_stride for i < guards; throws (unmapping it) where a guard cannot be set, so that no test runs
-// without its guards.
-inline char* map_with_guards(std::size_t size, std::size_t first_guard, std::size_t guard_stride,
-                             std::size_t guards) {
-  char* base = static_cast<char*>(mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-  if (base == MAP_FAILED) throw std::bad_alloc();
-  const std::size_t page = os_page_bytes();
-  bool ok = mprotect(base, page, PROT_NONE) == 0;
-  for (std::size_t i = 0; i < guards && ok; ++i)
-    ok = mprotect(base + first_guard + i * guard_stride, page, PROT_NONE) == 0;
-  if (!ok) {
-    munmap(base, size);
-    throw std::runtime_error("guarded memory: mprotect failed");
-  }
-  return base;
-}
-
-// `bytes` bytes between two PROT_NONE pages, the last byte right before the trailing one.
-class GuardedBuffer {
- public:
-  explicit GuardedBuffer(std::size_t bytes) : bytes_(bytes) {
-    const std::size_t page = os_page_bytes();
-    const std::size_t body = (bytes + page - 1) / page * page;
-    size_ = body + 2 * page;
-    base_ = map_with_guards(size_, page + body, 0, 1);
-    data_ = base_ + page + body - bytes;
-  }
-  ~GuardedBuffer() { munmap(base_, size_); }
-  GuardedBuffer(const GuardedBuffer&) = delete;
-  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
-  char* data() const { return data_; }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  char* base_ = nullptr;
-  char* data_ = nullptr;
-  std::size_t size_ = 0, bytes_ = 0;
-};
-
 // `count` segments of `bytes` bytes each, `stride()` bytes apart (a multiple of the OS page), each
-// ending right before a PROT_NONE page; a PROT_NONE page before the first one too.
+// ending right before a PROT_NONE page; a PROT_NONE page before the first one too. A guard that cannot
+// be set throws (the mapping unmapped), so that no test runs without its guards.
 class GuardedSegments {
  public:
-  GuardedSegments(std::size_t count, std::size_t bytes) : count_(count) {
+  GuardedSegments(std::size_t count, std::size_t bytes) {
     const std::size_t page = os_page_bytes();
     const std::size_t body = (bytes + page - 1) / page * page;
     stride_ = body + page;
     size_ = page + count * stride_;
-    base_ = map_with_guards(size_, page + body, stride_, count);
+    base_ = static_cast<char*>(mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base_ == MAP_FAILED) throw std::bad_alloc();
+    bool ok = mprotect(base_, page, PROT_NONE) == 0;
+    for (std::size_t i = 0; i < count && ok; ++i)
+      ok = mprotect(base_ + page + i * stride_ + body, page, PROT_NONE) == 0;
+    if (!ok) {
+      munmap(base_, size_);
+      throw std::runtime_error("guarded memory: mprotect failed");
+    }
     first_ = base_ + page + body - bytes;
   }
   ~GuardedSegments() { munmap(base_, size_); }
@@ -71,12 +40,23 @@ class GuardedSegments {
   GuardedSegments& operator=(const GuardedSegments&) = delete;
   char* segment(std::size_t i) const { return first_ + i * stride_; }
   std::size_t stride() const { return stride_; }
-  std::size_t count() const { return count_; }
 
  private:
   char* base_ = nullptr;
   char* first_ = nullptr;
-  std::size_t size_ = 0, stride_ = 0, count_ = 0;
+  std::size_t size_ = 0, stride_ = 0;
+};
+
+// `bytes` bytes between two PROT_NONE pages, the last byte right before the trailing one: one segment.
+class GuardedBuffer {
+ public:
+  explicit GuardedBuffer(std::size_t bytes) : segment_(1, bytes), bytes_(bytes) {}
+  char* data() const { return segment_.segment(0); }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  GuardedSegments segment_;
+  std::size_t bytes_;
 };
 
 }  // namespace flashgqa::testing

@@ -102,13 +102,14 @@ struct CacheCase {
   // guarded: then guard().
   CacheCase(const CacheSpec& s, std::uint64_t seed, bool guarded = false) : spec(s) {
     B = static_cast<std::int64_t>(s.seqlens.size());
-    std::int64_t longest = 1;
-    for (std::int32_t L : s.seqlens) longest = std::max<std::int64_t>(longest, L + s.T);
+    std::int64_t longest = 1, held = 1;  // the keys of the longest sequence: logical, and in the cache
+    for (std::int32_t L : s.seqlens) {
+      longest = std::max<std::int64_t>(longest, L + s.T);
+      held = std::max<std::int64_t>(held, L + (s.with_new ? s.T : 0));
+    }
     S_log = longest;
     // Dense: some room to spare, but none in guarded memory, where the longest sequence ends right
     // before the guard.
-    std::int64_t held = 1;
-    for (std::int32_t L : s.seqlens) held = std::max<std::int64_t>(held, L + (s.with_new ? s.T : 0));
     S_max = s.page_size ? round_up(longest, s.page_size) : guarded ? held : longest + 3;
     const std::int64_t K = s.K, H = s.H, T = s.T, es = static_cast<std::int64_t>(dtype_size(s.dtype));
     std::mt19937_64 rng(seed);
@@ -259,8 +260,9 @@ struct CacheCase {
   // Precision::f32 and the check adds that form's own errors (tolerance.hpp, ExtraError); calls past
   // the decode kernels (G > 8 or G*T > 128) take the products form, checked as bf16 rows.
   void expect_matches_reference(const Options& o, const std::string& what) {
-    // The integers form only where the decode kernels take the call (G <= 8, G*T <= 128; Q.K's rows
-    // up to H = 256): elsewhere the products form, whose bf16 operands the bf16 reference allows for.
+    // The integers form only where the decode kernels take the call (G <= 8, G*T <= 128, as
+    // flash_decode_row_groups_apply decides for attention_with_kvcache; Q.K's rows up to H = 256):
+    // elsewhere the products form, whose bf16 operands the bf16 reference allows for.
     const bool integers = int8() && o.precision == Precision::bf16 &&
                           std::string(kvcache_int8_form()) == "integers" && spec.G <= kDecodeMaxRows &&
                           spec.G * spec.T <= kDecodeMaxGroupedRows && spec.H <= 256;
