@@ -20,11 +20,12 @@
 // decode_max_rows / G positions (kDecodeMaxRows, or 16 on the amx set's tiles), one after another:
 // the block (bkv keys of K and V, 256 KiB at H = 128) comes from DRAM for the first group and from L2
 // for the others, so K/V still stream once while the kernels stay the small-tile ones. With G*T <=
-// decode_max_rows there is one group. f16 and f32 rows, where the set has decode_rows_to_bf16 (avx2,
-// whose kernels otherwise convert them on every call: 32 keys at a time up to H = 256, chunk by chunk
-// at wider H), become bf16 words once per block (K and V, Hp per key, in the workspace: 256 KiB
-// at H = 128), and every group runs on those as bf16 rows: the operands the kernels would form, so the
-// same bits (docs/performance.md, session 15: f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3).
+// decode_max_rows there is one group. f16 and f32 rows, where the set has decode_rows_to_bf16 (avx2 and
+// the AVX-512 sets, amx included, whose kernels otherwise convert them on every call), become bf16
+// words once per block (K and V, Hp per key, in the workspace: 256 KiB at H = 128), and every group
+// runs on those as bf16 rows: the operands the kernels would form, so the same bits
+// (docs/performance.md: session 15, f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3; session
+// 25, f16 and f32 at T = 16 1.2-2.2x faster on the AVX-512 sets, pages of 16 most).
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows

@@ -142,6 +142,19 @@ void pack_q_row_bf16(void* dst, const PackSource& s) {
 
 }  // namespace
 
+// FlashKernels::decode_rows_to_bf16 of the AVX-512 decode sets (this one, avx512bf16's, amx's): rows
+// 0..n of f16 or f32 `src` as the bf16 words the decode kernels form from them (load32_bf16's rounding,
+// on integers: no AVX512_BF16 needed), ldd per row, zero in [H, ldd).
+void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                                std::int64_t n, std::int64_t H) {
+  const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
+  for (std::int64_t j = 0; j < n; ++j) {
+    const void* row = static_cast<const char*>(src) + j * row_bytes;
+    for (std::int64_t h = 0; h < ldd; h += 32)
+      _mm512_mask_storeu_epi16(dst + j * ldd + h, first_lanes32(ldd - h), load32_bf16(row, dtype, h, H));
+  }
+}
+
 const FlashKernels& avx512f_decode_kernels() {
   static const FlashKernels k{.name = "avx512f (decode)",
                               .operand_bytes = 2,
@@ -156,6 +169,7 @@ const FlashKernels& avx512f_decode_kernels() {
                               .pack_v = nullptr,
                               .decode_qk_rows = avx512f_decode_qk_rows,
                               .decode_pv_rows = avx512f_decode_pv_rows,
+                              .decode_rows_to_bf16 = avx512_decode_rows_to_bf16,
                               .decode_row_pieces = true};
   return k;
 }

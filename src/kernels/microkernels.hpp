@@ -309,8 +309,8 @@ struct FlashKernels {
   // each) as bf16 words at dst, ldd per row (a multiple of 16, >= H; zero in [H, ldd); dst 32-byte
   // aligned): round_to_bf16's words, the operands the decode kernels form from those rows, so a call on
   // dst as bf16 rows gives the bits of the call on src. The decode path converts a block once with it
-  // when it has row groups (flash_decode.cpp); a set whose kernels form the operands cheaply leaves it
-  // null.
+  // when it has row groups (flash_decode.cpp); a set whose kernels form the operands cheaply may leave
+  // it null (every x86 decode set has it: avx2_decode_rows_to_bf16, avx512_decode_rows_to_bf16).
   void (*decode_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
                               std::int64_t n, std::int64_t H) = nullptr;
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
@@ -382,6 +382,10 @@ void avx2_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* 
 // bf16_dot_half_rate(); avx512bf16_fma_decode_kernels() is the avx512bf16 set with them.
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
+// FlashKernels::decode_rows_to_bf16 of the AVX-512 decode sets (avx512f's, avx512bf16's and amx's;
+// kernels_avx512f.cpp).
+void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
+                                std::int64_t n, std::int64_t H);
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_fma_decode_pv_rows(const DecodePv& t);
 const FlashKernels& avx512bf16_fma_decode_kernels();
