@@ -25,7 +25,7 @@
 // words once per block (K and V, Hp per key, in the workspace: 256 KiB at H = 128), and every group
 // runs on those as bf16 rows: the operands the kernels would form, so the same bits
 // (docs/performance.md: session 15, f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3; session
-// 25, f16 and f32 at T = 16 1.2-2.2x faster on the AVX-512 sets, pages of 16 most).
+// 25, f16 and f32 at T = 16 1.2-2.4x faster on the AVX-512 sets, pages of 16 most).
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
