@@ -279,14 +279,19 @@ struct KvCache {
 };
 
 // How attention_with_kvcache computes with an int8 cache on the path in use, under Precision::bf16,
-// for calls its decode kernels take (G <= 8 and G*T <= 128):
+// for calls its decode kernels take in one row group (T = 1 at G <= 8):
 //   "products": the bits of a float32 cache holding the products x_int8 * scale (every path but below);
-//   "integers": avx512bf16 and amx (AVX512_VNNI's vpdpwssd): the int8 values as they are, with each
-//     query row quantized to int16 (H <= 256) and each row's softmax weights times the V scales
-//     quantized to int16 per 16 keys, the scales applied after exact int32 sums. Faster (docs/
+//   "integers": avx2, avx512bf16 and amx (vpmaddwd, AVX512_VNNI's vpdpwssd): the int8 values as they
+//     are, with each query row quantized to int16 (H <= 256) and each row's softmax weights times the V
+//     scales quantized to int16 per 16 keys, the scales applied after exact int32 sums. Faster (docs/
 //     performance.md, session 11); within the bounds of src/reference/tolerance.hpp (ExtraError).
-// Other calls, and Precision::f32, take the products form.
+// Other calls, and Precision::f32, take the products form: kvcache_int8_form(G, T, H) says which a call
+// of G query heads per kv head, T new tokens and head size H takes. The integers form needs G <= 8,
+// G*T <= 128 and H <= 256; on amx also fewer than three row groups of 16 rows (T <= 8 at G = 4, T <= 4
+// at G = 8): with more, each KV block's int8 rows become their bf16 products once for all the groups,
+// for the bf16 tiles (1.2-1.55x faster at T = 16: docs/performance.md, session 25).
 const char* kvcache_int8_form();
+const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H);
 
 // Symmetric int8 quantization of the rows of x (any float dtype, rank 1..5, H = the last axis
 // contiguous), one scale per row: scale = max_h |x[h]| / 127 (fp32), x_int8[h] = x[h] / scale rounded to

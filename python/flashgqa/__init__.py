@@ -417,16 +417,25 @@ def quantize_kv(x):
     return _finish(xi, x8), _finish(xi, sc)
 
 
-def kvcache_int8_form():
+def kvcache_int8_form(G=None, T=None, H=None):
     """How :func:`attention_with_kvcache` computes with an int8 cache on this machine's path
-    (precision "bf16", G <= 8 and G*T <= 128): ``"products"``, the bits of a float32 cache holding
-    ``x_int8 * scale``; or ``"integers"`` (AVX-512 BF16 and AMX CPUs: vpdpwssd; AVX2 CPUs without AVX-512:
-    vpmaddwd, the same bits), the int8 values
-    as they are, each query row and each 16 keys' softmax weights (times the V scales) quantized
-    to int16, the scales applied after exact integer sums: faster, within the error bound stated in
-    ``src/reference/tolerance.hpp`` (ExtraError).
+    (precision "bf16"): ``"products"``, the bits of a float32 cache holding ``x_int8 * scale``; or
+    ``"integers"`` (AVX-512 BF16 and AMX CPUs: vpdpwssd; AVX2 CPUs without AVX-512: vpmaddwd, the same
+    bits), the int8 values as they are, each query row and each 16 keys' softmax weights (times the V
+    scales) quantized to int16, the scales applied after exact integer sums: faster, within the error
+    bound stated in ``src/reference/tolerance.hpp`` (ExtraError).
+
+    Without arguments: the form of calls whose query rows fit one row group (T = 1 at G <= 8). With
+    ``G`` (query heads per kv head), ``T`` (new tokens) and ``H`` (head size), all three: the form such
+    a call takes. The integers form needs G <= 8, G*T <= 128 and H <= 256, and on AMX CPUs fewer than
+    three row groups of 16 query rows (T <= 8 at G = 4): with more, each KV block's int8 rows become
+    their bf16 products once for all the groups, for the bf16 tiles, which is faster there.
     """
-    return _flashgqa.kvcache_int8_form()
+    if G is None and T is None and H is None:
+        return _flashgqa.kvcache_int8_form()
+    if G is None or T is None or H is None:
+        raise ValueError("kvcache_int8_form: give G, T and H together (or none of them)")
+    return _flashgqa.kvcache_int8_form(int(G), int(T), int(H))
 
 
 _KIND_NAMES = {"numpy": "a numpy array (or other buffer)", "torch": "a torch tensor",

@@ -337,6 +337,10 @@ NB_MODULE(_flashgqa, m) {
   m.def("kvcache_int8_form", [] { return std::string(flashgqa::kvcache_int8_form()); },
         "How attention_with_kvcache computes with an int8 cache on the path in use: \"products\" or "
         "\"integers\" (see flashgqa.hpp).");
+  m.def("kvcache_int8_form",
+        [](std::int64_t G, std::int64_t T, std::int64_t H) { return std::string(flashgqa::kvcache_int8_form(G, T, H)); },
+        nb::arg("G"), nb::arg("T"), nb::arg("H"),
+        "The form a call of G query heads per kv head, T new tokens and head size H takes.");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
         "The views (data pointer, dtype, shape, strides in elements) attention() would pass to the "

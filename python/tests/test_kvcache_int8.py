@@ -92,7 +92,7 @@ def test_int8_cache_matches_reference_and_its_float32_products(rng, page_size, T
     S = max(SEQLENS) + T
     dk = dense_products(k8, ks, table, SEQLENS, S, page_size)
     dv = dense_products(v8, vs, table, SEQLENS, S, page_size)
-    if flashgqa.kvcache_int8_form() == "integers":
+    if flashgqa.kvcache_int8_form(G=4, T=T, H=64) == "integers":
         check_sequences(out, lse, q, dk, dv, SEQLENS, T, "bfloat16", with_new,
                         int8_integers_max_v_scale=float(np.nanmax(np.abs(vs))))
     else:
@@ -164,3 +164,18 @@ def test_int8_jax_cache_reads_like_numpy(rng):
     got = flashgqa.attention_with_kvcache(jnp.asarray(q), *(jnp.asarray(a) for a in (k8, v8)),
                                           k_scale=jnp.asarray(ks), v_scale=jnp.asarray(vs), cache_seqlens=[50, 7])
     assert np.asarray(got).tobytes() == want.tobytes()
+
+
+def test_int8_form_per_call_shape():
+    """kvcache_int8_form(G, T, H): the no-argument form for calls of one row group, the products form
+    past the decode kernels (G > 8, G*T > 128, H > 256), and G, T, H together or not at all."""
+    base = flashgqa.kvcache_int8_form()
+    assert base in ("integers", "products")
+    assert flashgqa.kvcache_int8_form(G=4, T=1, H=128) == base
+    assert flashgqa.kvcache_int8_form(G=1, T=1, H=64) == base
+    for G, T, H in [(16, 1, 128), (4, 33, 128), (4, 1, 512)]:
+        assert flashgqa.kvcache_int8_form(G=G, T=T, H=H) == "products", (G, T, H)
+    with pytest.raises(ValueError, match="together"):
+        flashgqa.kvcache_int8_form(G=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        flashgqa.kvcache_int8_form(G=0, T=1, H=128)

@@ -372,6 +372,20 @@ const char* kvcache_int8_form() {
   return decode_kernels_for(active_isa(), Precision::bf16).int8_on_integers ? "integers" : "products";
 }
 
+const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H) {
+  if (G < 1 || T < 1 || H < 1)
+    throw Error("kvcache_int8_form: G, T and H must be at least 1, got G = " + std::to_string(G) + ", T = " +
+                std::to_string(T) + ", H = " + std::to_string(H));
+  const FlashKernels& k = decode_kernels_for(active_isa(), Precision::bf16);
+  // The decode kernels take the call (flash_decode_row_groups_apply), their Q.K rows up to H = 256, and
+  // the rows stay int8 (flash_decode.cpp converts them once per block where the set can and the call
+  // has three row groups or more, each of decode_positions' positions).
+  const bool decoded = G <= kDecodeMaxRows && G * T <= kDecodeMaxGroupedRows && H <= 256;
+  const bool three_groups = T > 2 * std::max<std::int64_t>(1, k.decode_max_rows / G);
+  const bool converted = three_groups && k.decode_int8_rows_to_bf16 != nullptr;
+  return k.int8_on_integers && decoded && !converted ? "integers" : "products";
+}
+
 void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache, const Options& options) {
   run(out, nullptr, q, cache, options);
 }

@@ -170,8 +170,9 @@ Options causal_variant(int i) {
 
 // An int8 cache gives the bits of a float32 cache holding the products it stands for, on every path
 // (the decode kernels scale the rows as they read them; the others read a dequantized copy), dense
-// and paged, with row groups, windows and softcap, where the decode kernels take the products form;
-// in the integers form (avx512bf16, amx) it meets the reference's bound for that form.
+// and paged, with row groups, windows and softcap, where the call takes the products form
+// (kvcache_int8_form(G, T, H); on amx also T = 16 at G = 4, whose row groups run on the block's bf16
+// products); in the integers form (avx2, avx512bf16, amx) it meets the reference's bound for that form.
 TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
   int i = 0;
   for (std::int64_t T : {1, 16})
@@ -195,7 +196,7 @@ TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
         c8.run(o);
         c32.run(o);
         // In the integers form (microkernels.hpp) the decode path computes otherwise: only the bound.
-        if (std::string(kvcache_int8_form()) == "products") {
+        if (std::string(kvcache_int8_form(spec.G, spec.T, spec.H)) == "products") {
           EXPECT_TRUE(bitwise_equal(c32.out_and_lse(), c8.out_and_lse())) << to_string(spec);
         }
         c8.expect_matches_reference(o, "int8");

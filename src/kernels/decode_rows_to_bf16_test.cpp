@@ -1,5 +1,6 @@
-// FlashKernels::decode_rows_to_bf16 (contract in microkernels.hpp) of every set this machine runs that
-// has it: f16 and f32 rows become exactly round_to_bf16's words (nearest even, NaN kept a quiet NaN),
+// FlashKernels::decode_rows_to_bf16 and decode_int8_rows_to_bf16 (contract in microkernels.hpp) of every
+// set this machine runs that has them. int8 rows become the bf16 words of x * scale in fp32 (nearest
+// even, subnormal products kept; scales of every size, zero among them). Float rows: f16 and f32 rows become exactly round_to_bf16's words (nearest even, NaN kept a quiet NaN),
 // zero in [H, ldd), for H = 40..288 and ldd a multiple of 16 that is not one of 32 (a half chunk at the
 // end); values at every edge: ties, NaN, infinities, zeros of both signs, subnormals, and the largest
 // finite values (which round to infinity). Nothing past the n rows is written. That the decode path's
@@ -78,6 +79,47 @@ TEST(DecodeKernels, RowsToBf16GiveRoundToBf16Words) {
           ++checked;
         }
   EXPECT_EQ(checked, static_cast<int>(sets.size()) * 20);
+}
+
+TEST(DecodeKernels, Int8RowsToBf16GiveTheirProductsWords) {
+  std::vector<const FlashKernels*> sets;
+  for (Isa isa : supported_isas()) {
+    const FlashKernels& k = decode_kernels_for(isa, Precision::bf16);
+    if (k.decode_int8_rows_to_bf16 != nullptr) sets.push_back(&k);
+  }
+  if (sets.empty()) GTEST_SKIP() << "no kernel set here converts int8 rows";
+  std::mt19937 rng(37);
+  std::uniform_int_distribution<int> q8(-128, 127);
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-140, 100);
+  int checked = 0;
+  for (const FlashKernels* k : sets)
+    for (std::int64_t H : {40, 48, 64, 128, 256, 288})
+      for (std::int64_t extra : {0, 16}) {
+        const std::int64_t ldd = round_up(H, 16) + extra, ld = H + 5, n = 1 + static_cast<std::int64_t>(rng() % 37);
+        const std::int64_t ld_scale = 3;
+        SCOPED_TRACE(std::string(k->name) + " H " + std::to_string(H) + " ldd " + std::to_string(ldd) + " n " +
+                     std::to_string(n));
+        std::vector<std::int8_t> src(static_cast<std::size_t>(n * ld));
+        for (auto& x : src) x = static_cast<std::int8_t>(q8(rng));
+        std::vector<float> scale(static_cast<std::size_t>(n * ld_scale), std::numeric_limits<float>::quiet_NaN());
+        for (std::int64_t j = 0; j < n; ++j)  // 0, subnormal products, and everything up to 2^100
+          scale[static_cast<std::size_t>(j * ld_scale)] = j % 7 == 3 ? 0.0f : std::ldexp(mant(rng), expo(rng));
+        AlignedBuffer dst(static_cast<std::size_t>((n + 1) * ldd) * 2);
+        std::fill_n(dst.as<std::uint16_t>(), (n + 1) * ldd, kSentinel);
+        k->decode_int8_rows_to_bf16(dst.as<std::uint16_t>(), ldd, src.data(), ld, scale.data(), ld_scale, n, H);
+        for (std::int64_t j = 0; j < n; ++j)
+          for (std::int64_t h = 0; h < ldd; ++h) {
+            const float x = h < H ? static_cast<float>(src[static_cast<std::size_t>(j * ld + h)]) *
+                                        scale[static_cast<std::size_t>(j * ld_scale)]
+                                  : 0.0f;
+            const std::uint16_t want = h < H ? float_to_bf16_bits(x) : 0;
+            ASSERT_EQ(dst.as<std::uint16_t>()[j * ldd + h], want) << "row " << j << " column " << h << ": " << x;
+          }
+        for (std::int64_t h = 0; h < ldd; ++h) ASSERT_EQ(dst.as<std::uint16_t>()[n * ldd + h], kSentinel) << "past n";
+        ++checked;
+      }
+  EXPECT_EQ(checked, static_cast<int>(sets.size()) * 12);
 }
 
 }  // namespace

@@ -155,6 +155,23 @@ void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void
   }
 }
 
+// FlashKernels::decode_int8_rows_to_bf16 (the amx set's): each int8 row times its scale in fp32, rounded
+// to bf16 as round2_bf16 rounds (no flush of subnormal products), zero in [H, ldd).
+void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
+                                     const float* scale, std::int64_t ld_scale, std::int64_t n, std::int64_t H) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int8_t* row = src + j * ld;
+    const __m512 s = _mm512_set1_ps(scale[j * ld_scale]);
+    for (std::int64_t h = 0; h < ldd; h += 32) {
+      const auto half = [&](std::int64_t h0) {
+        const __m128i x = _mm_maskz_loadu_epi8(first_lanes16(H - h0), row + h0);
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), s);
+      };
+      _mm512_mask_storeu_epi16(dst + j * ldd + h, first_lanes32(ldd - h), round2_bf16(half(h), half(h + 16)));
+    }
+  }
+}
+
 const FlashKernels& avx512f_decode_kernels() {
   static const FlashKernels k{.name = "avx512f (decode)",
                               .operand_bytes = 2,

@@ -313,6 +313,14 @@ struct FlashKernels {
   // it null (every x86 decode set has it: avx2_decode_rows_to_bf16, avx512_decode_rows_to_bf16).
   void (*decode_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
                               std::int64_t n, std::int64_t H) = nullptr;
+  // Optional, likewise for int8 rows (row j's scale at scale[j * ld_scale]): the products form's operands,
+  // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
+  // path converts an int8 block once with it when the call has three row groups or more, so such calls
+  // take the products form (kvcache_int8_form) on the bf16 kernels; a set without it (all but amx)
+  // runs its own int8 kernels in every group.
+  void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
+                                   const float* scale, std::int64_t ld_scale, std::int64_t n,
+                                   std::int64_t H) = nullptr;
   void (*softmax_grad_pack)(const SoftmaxGradTile& t) = nullptr;  // optional (the backward)
   // The decode kernels take int8 K/V in the integers form (see the decode contract above).
   bool int8_on_integers = false;
@@ -386,6 +394,9 @@ void avx512bf16_decode_pv_rows(const DecodePv& t);
 // kernels_avx512f.cpp).
 void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
                                 std::int64_t n, std::int64_t H);
+// FlashKernels::decode_int8_rows_to_bf16 of the amx set (kernels_avx512f.cpp: AVX-512F code).
+void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
+                                     const float* scale, std::int64_t ld_scale, std::int64_t n, std::int64_t H);
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_fma_decode_pv_rows(const DecodePv& t);
 const FlashKernels& avx512bf16_fma_decode_kernels();

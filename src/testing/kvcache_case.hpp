@@ -260,12 +260,10 @@ struct CacheCase {
   // Precision::f32 and the check adds that form's own errors (tolerance.hpp, ExtraError); calls past
   // the decode kernels (G > 8 or G*T > 128) take the products form, checked as bf16 rows.
   void expect_matches_reference(const Options& o, const std::string& what) {
-    // The integers form only where the decode kernels take the call (G <= 8, G*T <= 128, as
-    // flash_decode_row_groups_apply decides for attention_with_kvcache; Q.K's rows up to H = 256):
-    // elsewhere the products form, whose bf16 operands the bf16 reference allows for.
+    // The integers form only where kvcache_int8_form(G, T, H) says so (the decode kernels take the
+    // call on int8 rows): elsewhere the products form, whose bf16 operands the bf16 reference allows for.
     const bool integers = int8() && o.precision == Precision::bf16 &&
-                          std::string(kvcache_int8_form()) == "integers" && spec.G <= kDecodeMaxRows &&
-                          spec.G * spec.T <= kDecodeMaxGroupedRows && spec.H <= 256;
+                          std::string(kvcache_int8_form(spec.G, spec.T, spec.H)) == "integers";
     float max_v_scale = 0.0f;
     for (float x : v_scale_buf)
       if (std::isfinite(x)) max_v_scale = std::max(max_v_scale, std::fabs(x));
