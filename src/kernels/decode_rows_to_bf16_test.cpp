@@ -45,12 +45,19 @@ std::vector<float> edge_values(std::mt19937& rng, std::size_t count) {
   return v;
 }
 
-TEST(DecodeKernels, RowsToBf16GiveRoundToBf16Words) {
+// The decode sets of this machine's paths whose `field` (a converter) is set.
+template <typename Field>
+std::vector<const FlashKernels*> sets_with(Field FlashKernels::*field) {
   std::vector<const FlashKernels*> sets;
   for (Isa isa : supported_isas()) {
     const FlashKernels& k = decode_kernels_for(isa, Precision::bf16);
-    if (k.decode_rows_to_bf16 != nullptr) sets.push_back(&k);
+    if (k.*field != nullptr) sets.push_back(&k);
   }
+  return sets;
+}
+
+TEST(DecodeKernels, RowsToBf16GiveRoundToBf16Words) {
+  const std::vector<const FlashKernels*> sets = sets_with(&FlashKernels::decode_rows_to_bf16);
   if (sets.empty()) GTEST_SKIP() << "no kernel set here converts rows";
   std::mt19937 rng(31);
   int checked = 0;
@@ -82,11 +89,7 @@ TEST(DecodeKernels, RowsToBf16GiveRoundToBf16Words) {
 }
 
 TEST(DecodeKernels, Int8RowsToBf16GiveTheirProductsWords) {
-  std::vector<const FlashKernels*> sets;
-  for (Isa isa : supported_isas()) {
-    const FlashKernels& k = decode_kernels_for(isa, Precision::bf16);
-    if (k.decode_int8_rows_to_bf16 != nullptr) sets.push_back(&k);
-  }
+  const std::vector<const FlashKernels*> sets = sets_with(&FlashKernels::decode_int8_rows_to_bf16);
   if (sets.empty()) GTEST_SKIP() << "no kernel set here converts int8 rows";
   std::mt19937 rng(37);
   std::uniform_int_distribution<int> q8(-128, 127);
