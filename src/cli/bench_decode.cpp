@@ -199,7 +199,7 @@ const char* bench_decode_help() {
          "  medians over the rounds. Prints a table; writes DIR/bench_decode.csv.\n"
          "  --shape B,K,G,T,S,H  the workload (default 8,8,4,1,32768,128: lengths 1024..32768)\n"
          "  --kv-dtypes D,...    K/V dtypes (default bfloat16,float16,float32,int8; int8 with a float32\n"
-         "                       scale per row, from quantize_kv, in kvcache_int8_form()'s form)\n"
+         "                       scale per row, from quantize_kv, in kvcache_int8_form(G, T, H)'s form)\n"
          "  --page-sizes P,...   0 = a dense [B,K,S_max,H] cache, else pages of P keys (multiples of 16),\n"
          "                       shuffled (default 0,16,256)\n"
          "  --huge-pages         K and V in memory advised MADV_HUGEPAGE (transparent huge pages where\n"
@@ -295,7 +295,8 @@ int bench_decode(const Args& args) {
               static_cast<long long>(shape.H), lens.front(), lens.back());
   if (huge_pages) std::printf("K/V in memory advised MADV_HUGEPAGE (--huge-pages)\n");
   if (std::find(dtypes.begin(), dtypes.end(), DType::i8) != dtypes.end())
-    std::printf("int8 computed in the \"%s\" form (flashgqa::kvcache_int8_form)\n", kvcache_int8_form());
+    std::printf("int8 computed in the \"%s\" form (flashgqa::kvcache_int8_form)\n",
+                kvcache_int8_form(shape.G, shape.T, shape.H));
   std::printf("%-8s %-9s %10s %9s %8s %7s %9s\n", "cache", "kv_dtype", "median_ms", "kv_MB", "GB/s", "%dram",
               "tokens/s");
   std::string csv = "cache,page_size,kv_dtype,B,K,G,T,H,S,median_s,min_s,max_s,kv_bytes,gb_per_s,dram_gb_per_s,"
