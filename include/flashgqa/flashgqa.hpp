@@ -289,7 +289,7 @@ struct KvCache {
 // of G query heads per kv head, T new tokens and head size H takes. The integers form needs G <= 8,
 // G*T <= 128 and H <= 256; on amx also fewer than three row groups of 16 rows (T <= 8 at G = 4, T <= 4
 // at G = 8): with more, each KV block's int8 rows become their bf16 products once for all the groups,
-// for the bf16 tiles (1.2-1.55x faster at T = 16: docs/performance.md, session 25).
+// for the bf16 tiles (1.15-1.6x faster at T = 16: docs/performance.md, session 25).
 const char* kvcache_int8_form();
 const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H);
 

@@ -28,7 +28,7 @@
 // 25, f16 and f32 at T = 16 1.2-2.4x faster on the AVX-512 sets, pages of 16 most). int8 rows, on the
 // amx set, become their bf16 products the same way when the call has three row groups or more
 // (decode_int8_rows_to_bf16): those calls take the products form (kvcache_int8_form(G, T, H)) on the
-// bf16 tiles, 1.2-1.55x faster at T = 16 than the integers form's vector P.V in every group.
+// bf16 tiles, 1.15-1.6x faster at T = 16 than the integers form's vector P.V in every group.
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows

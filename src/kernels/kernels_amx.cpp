@@ -247,8 +247,8 @@ const FlashKernels& amx_kernels() {
     s.decode_qk_rows = amx_decode_qk_rows;
     s.decode_pv_rows = amx_decode_pv_rows;
     // int8 rows of three row groups or more as their bf16 products once per block, for the bf16 tiles
-    // (T = 16 at G = 4: 1.2-1.55x faster; at two groups slower, and on the vector sets, whose int8
-    // kernels are faster than their bf16 ones, 1.8-2.2x slower: docs/performance.md, session 25).
+    // (T = 16 at G = 4: 1.15-1.6x faster; at two groups slower, and on the vector sets, whose int8
+    // kernels are faster than their bf16 ones, 1.7-2.2x slower: docs/performance.md, session 25).
     s.decode_int8_rows_to_bf16 = avx512_decode_int8_rows_to_bf16;
     s.decode_max_rows = kAmxDecodeMaxRows;
     s.decode_pv_step_keys = kAmxDecodePvKeys;
