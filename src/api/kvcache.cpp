@@ -377,13 +377,13 @@ const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H) {
     throw Error("kvcache_int8_form: G, T and H must be at least 1, got G = " + std::to_string(G) + ", T = " +
                 std::to_string(T) + ", H = " + std::to_string(H));
   const FlashKernels& k = decode_kernels_for(active_isa(), Precision::bf16);
-  // The decode kernels take the call (flash_decode_row_groups_apply), their Q.K rows up to H = 256, and
-  // the rows stay int8 (flash_decode.cpp converts them once per block where the set can and the call
-  // has three row groups or more, each of decode_positions' positions).
-  const bool decoded = G <= kDecodeMaxRows && G * T <= kDecodeMaxGroupedRows && H <= 256;
-  const bool three_groups = T > 2 * std::max<std::int64_t>(1, k.decode_max_rows / G);
-  const bool converted = three_groups && k.decode_int8_rows_to_bf16 != nullptr;
-  return k.int8_on_integers && decoded && !converted ? "integers" : "products";
+  // The decode kernels take the call, their Q.K rows up to H = 256, and the rows stay int8 (not
+  // converted to their bf16 products once per block): the decode path's own rules on such a call.
+  Problem p;
+  p.B = p.K = 1, p.G = G, p.T = T, p.H = H;
+  p.k_dtype = p.v_dtype = DType::i8;
+  const bool on_int8 = flash_decode_row_groups_apply(p, k) && H <= 256 && !decode_converts_rows(p, k, DType::i8);
+  return k.int8_on_integers && on_int8 ? "integers" : "products";
 }
 
 void attention_with_kvcache(const TensorView& out, const TensorView& q, const KvCache& cache, const Options& options) {

@@ -129,14 +129,8 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
   plan.R = p.G * decode_positions(p, k);
   plan.Hp = round_up(p.H, kHTile);
-  // More than one row group (int8: three or more), and rows the set converts: once per block, not once
-  // per group (see the top of the file).
-  const auto converts = [&](DType d) {
-    if (d == DType::i8) return plan.M > 2 * plan.R && k.decode_int8_rows_to_bf16 != nullptr;
-    return plan.M > plan.R && k.decode_rows_to_bf16 != nullptr && (d == DType::f16 || d == DType::f32);
-  };
-  plan.convert_k = converts(p.k_dtype);
-  plan.convert_v = converts(p.v_dtype);
+  plan.convert_k = decode_converts_rows(p, k, p.k_dtype);
+  plan.convert_v = decode_converts_rows(p, k, p.v_dtype);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
@@ -470,6 +464,14 @@ std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t
 std::int64_t decode_positions(const Problem& p, const FlashKernels& k) {
   return std::clamp<std::int64_t>(k.decode_max_rows / std::max<std::int64_t>(p.G, 1), 1,
                                   std::max<std::int64_t>(block_positions(p), 1));
+}
+
+bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype) {
+  // More than one row group (int8: three or more), and rows the set converts: once per block, not once
+  // per group (see the top of the file).
+  const std::int64_t groups = ceil_div(std::max<std::int64_t>(block_positions(p), 1), decode_positions(p, k));
+  if (dtype == DType::i8) return groups >= 3 && k.decode_int8_rows_to_bf16 != nullptr;
+  return groups >= 2 && k.decode_rows_to_bf16 != nullptr && (dtype == DType::f16 || dtype == DType::f32);
 }
 
 bool flash_decode_applies(const Problem& p, const FlashKernels& k) {

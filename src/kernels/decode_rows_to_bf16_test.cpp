@@ -1,8 +1,8 @@
 // FlashKernels::decode_rows_to_bf16 and decode_int8_rows_to_bf16 (contract in microkernels.hpp) of every
-// set this machine runs that has them. int8 rows become the bf16 words of x * scale in fp32 (nearest
-// even, subnormal products kept; scales of every size, zero among them). Float rows: f16 and f32 rows become exactly round_to_bf16's words (nearest even, NaN kept a quiet NaN),
-// zero in [H, ldd), for H = 40..288 and ldd a multiple of 16 that is not one of 32 (a half chunk at the
-// end); values at every edge: ties, NaN, infinities, zeros of both signs, subnormals, and the largest
+// set this machine runs that has them: f16 and f32 rows become exactly round_to_bf16's words (nearest
+// even, NaN kept a quiet NaN), int8 rows the bf16 words of x * scale in fp32 (nearest even, subnormal
+// products kept; scales of every size, zero among them); zero in [H, ldd), for H = 40..288 and ldd a
+// multiple of 16 that is not one of 32 (a half chunk at the end). Float values at every edge: ties, NaN, infinities, zeros of both signs, subnormals, and the largest
 // finite values (which round to infinity). Nothing past the n rows is written. That the decode path's
 // results on the converted rows are those on the rows themselves: kvcache_test.cpp's
 // FloatCachesGiveTheBitsOfTheirBf16Operands.
@@ -38,10 +38,7 @@ std::vector<float> edge_values(std::mt19937& rng, std::size_t count) {
                           std::numeric_limits<float>::denorm_min(), std::bit_cast<float>(0x807fffffu),
                           65504.0f, 6.1e-5f, 5.96e-8f};
   std::uniform_int_distribution<std::uint32_t> bits;
-  while (v.size() < count) {
-    const float x = std::bit_cast<float>(bits(rng));
-    v.push_back(x);
-  }
+  while (v.size() < count) v.push_back(std::bit_cast<float>(bits(rng)));
   return v;
 }
 
