@@ -287,9 +287,9 @@ struct KvCache {
 //     performance.md, session 11); within the bounds of src/reference/tolerance.hpp (ExtraError).
 // Other calls, and Precision::f32, take the products form: kvcache_int8_form(G, T, H) says which a call
 // of G query heads per kv head, T new tokens and head size H takes. The integers form needs G <= 8,
-// G*T <= 128 and H <= 256; on amx also fewer than three row groups of 16 rows (T <= 8 at G = 4, T <= 4
-// at G = 8): with more, each KV block's int8 rows become their bf16 products once for all the groups,
-// for the bf16 tiles (1.15-1.6x faster at T = 16: docs/performance.md, session 25).
+// G*T <= 128 and H <= 256; on amx also G*T < 16 (T <= 3 at G = 4, T = 1 at G = 8): from 16 rows each KV
+// block's int8 rows become their bf16 products once for all the row groups, for the bf16 tiles (at G =
+// 4, T = 4 1.05-1.3x and T = 16 1.3-1.6x faster: docs/performance.md, session 26).
 const char* kvcache_int8_form();
 const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H);
 

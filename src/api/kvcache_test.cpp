@@ -171,11 +171,12 @@ Options causal_variant(int i) {
 // An int8 cache gives the bits of a float32 cache holding the products it stands for, on every path
 // (the decode kernels scale the rows as they read them; the others read a dequantized copy), dense
 // and paged, with row groups, windows and softcap, where the call takes the products form
-// (kvcache_int8_form(G, T, H); on amx also T = 16 at G = 4, whose row groups run on the block's bf16
-// products); in the integers form (avx2, avx512bf16, amx) it meets the reference's bound for that form.
+// (kvcache_int8_form(G, T, H); on amx also T = 4 and 16 at G = 4, 16 rows in one row group and in
+// four, which run on the block's bf16 products); in the integers form (avx2, avx512bf16, amx) it meets
+// the reference's bound for that form.
 TEST_P(KvCacheTest, Int8GivesTheBitsOfItsFloat32Products) {
   int i = 0;
-  for (std::int64_t T : {1, 16})
+  for (std::int64_t T : {1, 4, 16})
     for (std::int64_t page_size : {0, 16, 256})
       for (std::int64_t H : {128, 40}) {
         ++i;

@@ -26,9 +26,11 @@
 // runs on those as bf16 rows: the operands the kernels would form, so the same bits
 // (docs/performance.md: session 15, f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3; session
 // 25, f16 and f32 at T = 16 1.2-2.4x faster on the AVX-512 sets, pages of 16 most). int8 rows, on the
-// amx set, become their bf16 products the same way when the call has three row groups or more
-// (decode_int8_rows_to_bf16): those calls take the products form (kvcache_int8_form(G, T, H)) on the
-// bf16 tiles, 1.15-1.6x faster at T = 16 than the integers form's vector P.V in every group.
+// amx set, become their bf16 products the same way when the call has kInt8ConvertRows rows or more, one
+// group included (decode_int8_rows_to_bf16): those calls take the products form (kvcache_int8_form(G,
+// T, H)) on the bf16 tiles instead of the integers form's vector P.V, 4 rows at a time, in every group
+// (session 26, with the conversion on vcvtne2ps2bf16: T = 4 1.05-1.3x, T = 8 1.45-1.65x, T = 16
+// 1.3-1.6x faster at G = 4; at 8 rows, T = 2, the integers form stays 1.2x faster on dense caches).
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
@@ -466,11 +468,15 @@ std::int64_t decode_positions(const Problem& p, const FlashKernels& k) {
                                   std::max<std::int64_t>(block_positions(p), 1));
 }
 
+// From how many rows a call (G T) a set with decode_int8_rows_to_bf16 converts int8 rows: where the
+// integers form would run its vector P.V in four blocks of 4 rows or more (see the top of the file).
+constexpr std::int64_t kInt8ConvertRows = 16;
+
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype) {
-  // More than one row group (int8: three or more), and rows the set converts: once per block, not once
-  // per group (see the top of the file).
+  // f16/f32: more than one row group; int8: kInt8ConvertRows rows or more. Rows the set converts: once
+  // per block, not once per group (see the top of the file).
   const std::int64_t groups = ceil_div(std::max<std::int64_t>(block_positions(p), 1), decode_positions(p, k));
-  if (dtype == DType::i8) return groups >= 3 && k.decode_int8_rows_to_bf16 != nullptr;
+  if (dtype == DType::i8) return p.G * block_positions(p) >= kInt8ConvertRows && k.decode_int8_rows_to_bf16 != nullptr;
   return groups >= 2 && k.decode_rows_to_bf16 != nullptr && (dtype == DType::f16 || dtype == DType::f32);
 }
 

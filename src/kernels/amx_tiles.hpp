@@ -12,14 +12,3 @@ constexpr int kTileBytes = 64;  // bytes per hardware tile row
 void configure_tiles();
 
 }  // namespace flashgqa::amx
-
-namespace flashgqa {
-
-struct DecodeQk;
-// The amx set's Q.K for int8 rows on AMX-INT8 (kernels_amx_decode_i8.cpp): true where it took the call,
-// false (nothing done) where the call is not its own: other dtypes, fewer than 16 rows, rows the tiles
-// do not take (H not a multiple of 64, or over 256), no AMX-INT8, or Q rows the integers form does not
-// take.
-bool amx_decode_qk_rows_i8(const DecodeQk& t);
-
-}  // namespace flashgqa

@@ -74,12 +74,29 @@ inline __m512i round2_bf16(__m512 lo, __m512 hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(l)), _mm512_cvtepi32_epi16(h), 1);
 }
 
+#ifdef __AVX512BF16__
+// round2_bf16's words from one vcvtne2ps2bf16 where that gives them (~10 instructions fewer per 16
+// values): it rounds to nearest even as round_bf16_hi does, but takes subnormal inputs as zero, and its
+// NaN is not specified to be round_bf16_hi's; so 32 values with a subnormal or a NaN among them take
+// round2_bf16. For units compiled with AVX512_BF16 (the avx512bf16 and amx sets).
+inline __m512i round2_bf16_cvt(__m512 lo, __m512 hi) {
+  constexpr int kNotPlain = 0x20 | 0x01 | 0x80;  // vfpclassps: subnormal, quiet NaN, signalling NaN
+  if ((_mm512_fpclass_ps_mask(lo, kNotPlain) | _mm512_fpclass_ps_mask(hi, kNotPlain)) != 0)
+    return round2_bf16(lo, hi);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+#endif
+
 // 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).
 inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::int64_t H) {
   if (dtype == DType::bf16) {
     return _mm512_maskz_loadu_epi16(first_lanes32(H - h0), static_cast<const std::uint16_t*>(row) + h0);
   }
+#ifdef __AVX512BF16__
+  return round2_bf16_cvt(load16_f32(row, dtype, h0, H), load16_f32(row, dtype, h0 + 16, H));
+#else
   return round2_bf16(load16_f32(row, dtype, h0, H), load16_f32(row, dtype, h0 + 16, H));
+#endif
 }
 
 // In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i. (Where it

@@ -27,7 +27,7 @@ struct Features {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512dq = false, avx512bw = false, avx512vl = false, avx512bf16 = false;
   bool avx512vnni = false;
-  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool amx_tile = false, amx_bf16 = false;
   bool os_amx = false;  // XCR0 tile state + Linux's permission
   bool os_ymm = false, os_zmm = false;  // XCR0 says the OS saves the AVX / AVX-512 registers
   bool asimd = false, bf16 = false;     // aarch64 Advanced SIMD (HWCAP_ASIMD), FEAT_BF16 (HWCAP2_BF16)
@@ -81,7 +81,6 @@ Features detect() {
     f.avx512vnni = (c >> 11) & 1u;
     f.amx_bf16 = (d >> 22) & 1u;
     f.amx_tile = (d >> 24) & 1u;
-    f.amx_int8 = (d >> 25) & 1u;
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512bf16 = (a >> 5) & 1u;
   }
@@ -156,7 +155,6 @@ Isa best_isa() { return supported_isas().back(); }
 
 bool bf16_dot_half_rate() { return features().intel; }
 
-bool amx_int8_supported() { return isa_supported(Isa::amx) && features().amx_int8; }
 
 void set_isa(Isa isa) {
   if (!isa_supported(isa))

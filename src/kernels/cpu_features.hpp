@@ -46,10 +46,6 @@ Isa best_isa();
 // machine always makes the same choice; kernels_for() and decode_kernels_for() use it.
 bool bf16_dot_half_rate();
 
-// Whether the amx path runs here and the CPU has AMX-INT8 (tdpbssd and kin: every AMX CPU so far), which
-// the amx set's int8 decode kernels use (kernels_amx_decode_i8.cpp); without it they take the vector ones.
-bool amx_int8_supported();
-
 // The path in use: set_isa's value, else FLASHGQA_ISA's, else best_isa(). Throws Error when
 // FLASHGQA_ISA names an unknown or unsupported path.
 Isa active_isa();

@@ -657,8 +657,8 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
 }
 
 // The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
-// set's vpmaddwd kernels, the avx512bf16 set's vpdpwssd ones and the amx set's (int8 tiles for Q.K from
-// 16 rows, kernels_amx_decode_i8.cpp) give the same S and O, H <= 256 (wider Q.K rows take the products
+// set's vpmaddwd kernels, the avx512bf16 set's vpdpwssd ones and the amx set's (the avx512bf16 ones)
+// give the same S and O, H <= 256 (wider Q.K rows take the products
 // form, whose sums each set orders its own way). Each row's S and O are its own, so the calls of more
 // rows than the avx2 set takes are compared row block by row block.
 TEST(DecodeKernels, IntegersFormIsTheSameOnEveryX86Set) {

@@ -103,8 +103,15 @@ TEST(DecodeKernels, Int8RowsToBf16GiveTheirProductsWords) {
         std::vector<std::int8_t> src(static_cast<std::size_t>(n * ld));
         for (auto& x : src) x = static_cast<std::int8_t>(q8(rng));
         std::vector<float> scale(static_cast<std::size_t>(n * ld_scale), std::numeric_limits<float>::quiet_NaN());
-        for (std::int64_t j = 0; j < n; ++j)  // 0, subnormal products, and everything up to 2^100
-          scale[static_cast<std::size_t>(j * ld_scale)] = j % 7 == 3 ? 0.0f : std::ldexp(mant(rng), expo(rng));
+        // 0, subnormal products, everything up to 2^100, negative scales, and an infinity or a NaN (a
+        // scale no quantize_kv writes: the words are still the products' own).
+        for (std::int64_t j = 0; j < n; ++j) {
+          float s = j % 7 == 3 ? 0.0f : std::ldexp(mant(rng), expo(rng));
+          if (j % 5 == 4) s = -s;
+          if (j % 11 == 6) s = std::numeric_limits<float>::infinity();
+          if (j % 13 == 9) s = std::numeric_limits<float>::quiet_NaN();
+          scale[static_cast<std::size_t>(j * ld_scale)] = s;
+        }
         AlignedBuffer dst(static_cast<std::size_t>((n + 1) * ldd) * 2);
         std::fill_n(dst.as<std::uint16_t>(), (n + 1) * ldd, kSentinel);
         k->decode_int8_rows_to_bf16(dst.as<std::uint16_t>(), ldd, src.data(), ld, scale.data(), ld_scale, n, H);

@@ -246,10 +246,11 @@ const FlashKernels& amx_kernels() {
     s.pv_tile = pv_tile_32x32;
     s.decode_qk_rows = amx_decode_qk_rows;
     s.decode_pv_rows = amx_decode_pv_rows;
-    // int8 rows of three row groups or more as their bf16 products once per block, for the bf16 tiles
-    // (T = 16 at G = 4: 1.15-1.6x faster; at two groups slower, and on the vector sets, whose int8
-    // kernels are faster than their bf16 ones, 1.7-2.2x slower: docs/performance.md, session 25).
-    s.decode_int8_rows_to_bf16 = avx512_decode_int8_rows_to_bf16;
+    // int8 rows of calls of 16 rows or more as their bf16 products once per block, for the bf16 tiles
+    // (G = 4: T = 4 1.05-1.3x, T = 8 1.45-1.65x, T = 16 1.3-1.6x faster than the integers form; at 8
+    // rows slower; on the vector sets, whose int8 kernels are faster than their bf16 ones, slower at
+    // every T: docs/performance.md, sessions 25 and 26).
+    s.decode_int8_rows_to_bf16 = avx512bf16_decode_int8_rows_to_bf16;
     s.decode_max_rows = kAmxDecodeMaxRows;
     s.decode_pv_step_keys = kAmxDecodePvKeys;
     // No overlap: with the tiles, its prefetches stalled the core more than they hid (T = 2 1.39x,

@@ -1,6 +1,6 @@
 // The AMX set's decode kernels (contract in microkernels.hpp): calls of kTileMinRows rows or more, on
-// float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit, as does int8 Q.K from 16
-// rows a call (kernels_amx_decode_i8.cpp); the rest go to the avx512bf16 vector kernels (the FMA ones
+// float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit; the rest, int8 rows
+// included, go to the avx512bf16 vector kernels (the FMA ones
 // where vdpbf16ps is half rate), at most kDecodeMaxRows rows a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
 // configuration of kernels_amx.cpp (all tiles 16 rows x 64 bytes); up to kAmxDecodeMaxRows (16) rows.
 //
@@ -60,8 +60,9 @@ constexpr int kPieceAhead = 2;
 static_assert(kKeys == kDecodePieceKeys, "a tile step's keys lie in one piece");
 
 // Float rows of a width the tiles take: 32-column chunks, an even count of them past 4 (qk_steps loads B
-// two chunks at a time there). int8 rows take the vector kernels' integers form, but for Q.K from 16
-// rows a call (kernels_amx_decode_i8.cpp).
+// two chunks at a time there). int8 rows take the vector kernels' integers form: the decode path gives
+// the kernels int8 rows only for calls under 16 rows, and converts them to bf16 products from 16
+// (flash_decode.cpp; an AMX-INT8 Q.K from 16 rows, session 21, was removed with that in session 26).
 bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
   return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
 }
@@ -74,10 +75,10 @@ inline __m512i load32_whole(const char* row, std::int64_t h) {
     return _mm512_loadu_si512(row + h * 2);
   } else if constexpr (kDtype == DType::f16) {
     const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
-    return round2_bf16(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
+    return round2_bf16_cvt(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
   } else {
     const auto* x = reinterpret_cast<const float*>(row) + h;
-    return round2_bf16(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
+    return round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
   }
 }
 
@@ -389,7 +390,6 @@ void vector_pv_rows(DecodePv t) {
 }  // namespace
 
 void amx_decode_qk_rows(const DecodeQk& t) {
-  if (amx_decode_qk_rows_i8(t)) return;  // int8 rows from 16 a call (kernels_amx_decode_i8.cpp)
   if (t.rows < kTileMinRows || !on_tiles(t.k_dtype, t.H, t.Hp)) return vector_qk_rows(t);
   amx::configure_tiles();
   switch (t.Hp / 32) {

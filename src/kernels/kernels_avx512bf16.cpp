@@ -198,7 +198,7 @@ const FlashKernels& avx512bf16_kernels() {
                               .pack_v = pack_v,
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
                               .decode_pv_rows = avx512bf16_decode_pv_rows,
-                              .decode_rows_to_bf16 = avx512_decode_rows_to_bf16,
+                              .decode_rows_to_bf16 = avx512bf16_decode_rows_to_bf16,
                               .softmax_grad_pack = softmax_grad_pack,
                               .int8_on_integers = true,
                               .decode_row_pieces = true};

@@ -142,9 +142,10 @@ void pack_q_row_bf16(void* dst, const PackSource& s) {
 
 }  // namespace
 
-// FlashKernels::decode_rows_to_bf16 of the AVX-512 decode sets (this one, avx512bf16's, amx's): rows
-// 0..n of f16 or f32 `src` as the bf16 words the decode kernels form from them (load32_bf16's rounding,
-// on integers: no AVX512_BF16 needed), ldd per row, zero in [H, ldd).
+// FlashKernels::decode_rows_to_bf16 of this set (avx512bf16's and amx's: the same words on
+// vcvtne2ps2bf16, kernels_avx512bf16_rows_to_bf16.cpp): rows 0..n of f16 or f32 `src` as the bf16 words
+// the decode kernels form from them (load32_bf16's rounding, on integers: no AVX512_BF16 needed), ldd
+// per row, zero in [H, ldd).
 void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
                                 std::int64_t n, std::int64_t H) {
   const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
@@ -155,8 +156,9 @@ void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void
   }
 }
 
-// FlashKernels::decode_int8_rows_to_bf16 (the amx set's): each int8 row times its scale in fp32, rounded
-// to bf16 as round2_bf16 rounds (no flush of subnormal products), zero in [H, ldd).
+// FlashKernels::decode_int8_rows_to_bf16's words on AVX-512F (the amx set's converter takes it for rows
+// whose scale could give subnormal or NaN products): each int8 row times its scale in fp32, rounded to
+// bf16 as round2_bf16 rounds (no flush of subnormal products), zero in [H, ldd).
 void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                      const float* scale, std::int64_t ld_scale, std::int64_t n, std::int64_t H) {
   for (std::int64_t j = 0; j < n; ++j) {
@@ -167,7 +169,9 @@ void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const
         const __m128i x = _mm_maskz_loadu_epi8(first_lanes16(H - h0), row + h0);
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), s);
       };
-      _mm512_mask_storeu_epi16(dst + j * ldd + h, first_lanes32(ldd - h), round2_bf16(half(h), half(h + 16)));
+      // Columns from H zero (+0, whatever the scale: 0 times a negative or infinite one is not).
+      _mm512_mask_storeu_epi16(dst + j * ldd + h, first_lanes32(ldd - h),
+                               _mm512_maskz_mov_epi16(first_lanes32(H - h), round2_bf16(half(h), half(h + 16))));
     }
   }
 }

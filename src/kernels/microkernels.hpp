@@ -117,7 +117,7 @@
 //     (vcvtne2ps2bf16 or BFCVT, nearest even; a subnormal product may flush to zero, within the
 //     subnormal allowance above): the value a float32 row holding that product would give.
 //   integers (true: avx512bf16, which requires AVX512_VNNI, on vpdpwssd; avx2 on vpmaddwd; amx as
-//     avx512bf16, and Q.K from 16 rows a call on AMX-INT8's tdpbssd/tdpbsud; all the same bits):
+//     avx512bf16; all the same bits):
 //     nothing is rounded before the sums, which are exact int32.
 //     decode_qk_rows (H <= 256; wider rows, whose sums could pass 2^31, take the products form): each Q row is quantized once per call against its largest |q|, m:
 //       q_int[h] = round(q[h] * fl(32767 / m)) (int16, nearest even; all 0 when m = 0), and
@@ -315,7 +315,7 @@ struct FlashKernels {
                               std::int64_t n, std::int64_t H) = nullptr;
   // Optional, likewise for int8 rows (row j's scale at scale[j * ld_scale]): the products form's operands,
   // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
-  // path converts an int8 block once with it when the call has three row groups or more, so such calls
+  // path converts an int8 block once with it when the call has 16 rows or more (G T), so such calls
   // take the products form (kvcache_int8_form) on the bf16 kernels; a set without it (all but amx)
   // runs its own int8 kernels in every group.
   void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
@@ -390,13 +390,21 @@ void avx2_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* 
 // bf16_dot_half_rate(); avx512bf16_fma_decode_kernels() is the avx512bf16 set with them.
 void avx512bf16_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_decode_pv_rows(const DecodePv& t);
-// FlashKernels::decode_rows_to_bf16 of the AVX-512 decode sets (avx512f's, avx512bf16's and amx's;
-// kernels_avx512f.cpp).
+// FlashKernels::decode_rows_to_bf16 of the avx512f set (kernels_avx512f.cpp: AVX-512F code, rounding on
+// integers).
 void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype, std::int64_t ld,
                                 std::int64_t n, std::int64_t H);
-// FlashKernels::decode_int8_rows_to_bf16 of the amx set (kernels_avx512f.cpp: AVX-512F code).
+// The same for int8 rows (kernels_avx512f.cpp: AVX-512F code), which the one below takes for rows whose
+// scale could give a subnormal or NaN product.
 void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                      const float* scale, std::int64_t ld_scale, std::int64_t n, std::int64_t H);
+// The same words on AVX512_BF16's vcvtne2ps2bf16 (kernels_avx512bf16_rows_to_bf16.cpp): decode_rows_to_bf16
+// of the avx512bf16 and amx sets, decode_int8_rows_to_bf16 of the amx set.
+void avx512bf16_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype,
+                                    std::int64_t ld, std::int64_t n, std::int64_t H);
+void avx512bf16_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src,
+                                         std::int64_t ld, const float* scale, std::int64_t ld_scale, std::int64_t n,
+                                         std::int64_t H);
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t);
 void avx512bf16_fma_decode_pv_rows(const DecodePv& t);
 const FlashKernels& avx512bf16_fma_decode_kernels();

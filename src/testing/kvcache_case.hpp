@@ -258,7 +258,7 @@ struct CacheCase {
   // an int8 cache, float32 rows of the products it stands for). Where the decode kernels take int8 in
   // the integers form (microkernels.hpp), which rounds neither K nor V, the reference runs under
   // Precision::f32 and the check adds that form's own errors (tolerance.hpp, ExtraError); calls past
-  // the decode kernels (G > 8 or G*T > 128), and on amx calls of three row groups or more, take the
+  // the decode kernels (G > 8 or G*T > 128), and on amx calls of 16 rows or more (G*T >= 16), take the
   // products form, checked as bf16 rows.
   void expect_matches_reference(const Options& o, const std::string& what) {
     // The integers form only where kvcache_int8_form(G, T, H) says so (the decode kernels take the
