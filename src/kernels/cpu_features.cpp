@@ -155,7 +155,6 @@ Isa best_isa() { return supported_isas().back(); }
 
 bool bf16_dot_half_rate() { return features().intel; }
 
-
 void set_isa(Isa isa) {
   if (!isa_supported(isa))
     throw Error(std::string("isa: '") + isa_name(isa) +

@@ -1,7 +1,7 @@
 // The AMX set's decode kernels (contract in microkernels.hpp): calls of kTileMinRows rows or more, on
 // float K/V rows with H a multiple of 32 (up to kMaxHp), run on the tile unit; the rest, int8 rows
-// included, go to the avx512bf16 vector kernels (the FMA ones
-// where vdpbf16ps is half rate), at most kDecodeMaxRows rows a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
+// included, go to the avx512bf16 vector kernels (the FMA ones where vdpbf16ps is half rate), at most
+// kDecodeMaxRows rows a call. Compiled with the avx512bf16 flags plus -mamx-tile -mamx-bf16 (CMakeLists.txt), in the tile
 // configuration of kernels_amx.cpp (all tiles 16 rows x 64 bytes); up to kAmxDecodeMaxRows (16) rows.
 //
 // Why: the decode path runs T >= 2 new tokens in row groups that each take the KV block again (from
