@@ -75,7 +75,7 @@ inline __m512i load32_whole(const char* row, std::int64_t h) {
     return _mm512_loadu_si512(row + h * 2);
   } else if constexpr (kDtype == DType::f16) {
     const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
-    return round2_bf16_cvt(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
+    return round2_bf16_cvt_from_f16(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
   } else {
     const auto* x = reinterpret_cast<const float*>(row) + h;
     return round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));

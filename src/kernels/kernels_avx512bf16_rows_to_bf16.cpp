@@ -1,10 +1,10 @@
 // FlashKernels::decode_rows_to_bf16 and decode_int8_rows_to_bf16 (contract in microkernels.hpp) of the
 // avx512bf16 and amx sets: the words of the AVX-512F ones (kernels_avx512f.cpp), which round on integers
 // (round2_bf16: ~40 instructions per 32 values), from one vcvtne2ps2bf16 per 32 values where that gives
-// the same word. vcvtne2ps2bf16 rounds to nearest even as round_to_bf16 does, but takes subnormal
-// inputs as zero, and its NaN is not specified here to be round_to_bf16's; so a chunk with a subnormal
-// or a NaN among its values, and an int8 row whose scale could make one (a NaN, an infinity or a
-// nonzero scale below 2^-126: 0 times an infinity, or a subnormal product), take the integer rounding.
+// the same word: everywhere but for subnormal values, which it takes as zeros (round2_bf16_cvt,
+// avx512_helpers.hpp). f32 rows are checked 32 values at a time; f16 rows widen to no subnormal float;
+// an int8 row's products can be subnormal only for a scale below 2^-126 (and not 0), and such rows take
+// the integer rounding whole.
 // Why: at T = 16 (G = 4, four row groups) the int8 rows' integer conversion took a third of the decode
 // time in L2 (~38 ns a key for K and V, against ~76 for the bf16 tiles' four groups); docs/
 // performance.md, session 26.
@@ -21,11 +21,11 @@
 namespace flashgqa {
 namespace {
 
-// An int8 row times s in fp32 gives no subnormal and no NaN: s is 0, or finite with |s| >= 2^-126 (a
-// product 127 s past the largest float is an infinity, which both roundings keep).
+// An int8 row times s in fp32 has no subnormal product unless 0 < |s| < 2^-126 (a NaN or infinite s gives
+// NaN and infinite products, which vcvtne2ps2bf16 writes as round2_bf16 does).
 inline bool plain_scale(float s) {
   const float a = std::fabs(s);
-  return s == 0.0f || (a >= std::numeric_limits<float>::min() && a <= std::numeric_limits<float>::max());
+  return !(a > 0.0f && a < std::numeric_limits<float>::min());
 }
 
 // The 16 int8 values at x (the lanes of `live`; the others 0) as floats.
@@ -39,10 +39,23 @@ void avx512bf16_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const 
                                     std::int64_t ld, std::int64_t n, std::int64_t H) {
   const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
   for (std::int64_t j = 0; j < n; ++j) {
-    const void* row = static_cast<const char*>(src) + j * row_bytes;
-    for (std::int64_t h = 0; h < ldd; h += 32)
-      _mm512_mask_storeu_epi16(dst + j * ldd + h, first_lanes32(ldd - h),
-                               round2_bf16_cvt(load16_f32(row, dtype, h, H), load16_f32(row, dtype, h + 16, H)));
+    const char* row = static_cast<const char*>(src) + j * row_bytes;
+    std::uint16_t* out = dst + j * ldd;
+    std::int64_t h = 0;
+    if (dtype == DType::f16) {
+      for (; h + 32 <= H; h += 32) {
+        const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
+        _mm512_storeu_si512(out + h, round2_bf16_cvt_from_f16(_mm512_cvtph_ps(_mm256_loadu_si256(x)),
+                                                              _mm512_cvtph_ps(_mm256_loadu_si256(x + 1))));
+      }
+    } else {
+      for (; h + 32 <= H; h += 32) {
+        const auto* x = reinterpret_cast<const float*>(row) + h;
+        _mm512_storeu_si512(out + h, round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
+      }
+    }
+    for (; h < ldd; h += 32)  // the last values, then zeros up to ldd
+      _mm512_mask_storeu_epi16(out + h, first_lanes32(ldd - h), load32_bf16(row, dtype, h, H));
   }
 }
 
