@@ -78,18 +78,22 @@ inline __m512i round2_bf16(__m512 lo, __m512 hi) {
 // round2_bf16's words from one vcvtne2ps2bf16 where that gives them (~10 instructions fewer per 16
 // values). Intel defines it as round_bf16_hi for every value but the subnormals, which it takes as
 // signed zeros: the same nearest even rounding on the integer bits, infinities kept, a NaN as its high
-// half with the quiet bit set (DecodeKernels.RowsToBf16GiveRoundToBf16Words checks NaNs, infinities
-// and ties on every CPU the tests run on). So 32 values with a subnormal among them take round2_bf16.
+// half with the quiet bit set. So 32 values with a subnormal or a NaN among them take round2_bf16 (one
+// vfpclassps checks both); values widened from f16 are never subnormal floats, and their NaNs take
+// round2_bf16 only where this CPU's NaN words were found to differ (bf16_cvt_nan_exact).
 // For units compiled with AVX512_BF16 (the avx512bf16 and amx sets).
 inline __m512i round2_bf16_cvt(__m512 lo, __m512 hi) {
-  constexpr int kSubnormal = 0x20;  // vfpclassps
-  if ((_mm512_fpclass_ps_mask(lo, kSubnormal) | _mm512_fpclass_ps_mask(hi, kSubnormal)) != 0)
+  constexpr int kNotPlain = 0x20 | 0x01 | 0x80;  // vfpclassps: subnormal, quiet NaN, signalling NaN
+  if ((_mm512_fpclass_ps_mask(lo, kNotPlain) | _mm512_fpclass_ps_mask(hi, kNotPlain)) != 0)
     return round2_bf16(lo, hi);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
-// The same for values widened from f16 (vcvtph2ps), none of which is a subnormal float: no check.
-inline __m512i round2_bf16_cvt_from_f16(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+// The same for values widened from f16 (vcvtph2ps).
+inline __m512i round2_bf16_cvt_from_f16(__m512 lo, __m512 hi) {
+  if (!bf16_cvt_nan_exact()) return round2_bf16_cvt(lo, hi);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
 #endif
 
 // 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).

@@ -69,6 +69,11 @@ TEST(DecodeKernels, RowsToBf16GiveRoundToBf16Words) {
           std::vector<unsigned char> src(static_cast<std::size_t>(n * ld) * dtype_size(dtype));
           for (std::int64_t j = 0; j < n; ++j)
             store_row(src.data() + static_cast<std::size_t>(j * ld) * dtype_size(dtype), dtype, values.data() + j * ld, ld);
+          if (dtype == DType::f16)  // f16 NaNs with payloads, signalling ones too (store_row writes one NaN)
+            for (std::int64_t j = 0; j < n; ++j) {
+              const std::uint16_t nans[] = {0x7c01u, 0x7d55u, 0xfe01u, 0x7fffu, 0xfc3au};
+              reinterpret_cast<std::uint16_t*>(src.data())[j * ld + (j * 7) % H] = nans[j % 5];
+            }
           AlignedBuffer dst(static_cast<std::size_t>((n + 1) * ldd) * 2);
           std::fill_n(dst.as<std::uint16_t>(), (n + 1) * ldd, kSentinel);
           k->decode_rows_to_bf16(dst.as<std::uint16_t>(), ldd, src.data(), dtype, ld, n, H);

@@ -185,6 +185,8 @@ void softmax_grad_pack(const SoftmaxGradTile& t) {
 }  // namespace
 
 const FlashKernels& avx512bf16_kernels() {
+  static const bool probed = (probe_bf16_cvt_nan(), true);  // before the set's first use (microkernels.hpp)
+  (void)probed;
   static const FlashKernels k{.name = "avx512bf16",
                               .operand_bytes = 2,
                               .mr = kMR,

@@ -154,6 +154,7 @@
 // ---------------------------------------------------------------------------------------------------
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/int_math.hpp"
@@ -398,6 +399,13 @@ void avx512_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void
 // scale could give a subnormal or NaN product.
 void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                      const float* scale, std::int64_t ld_scale, std::int64_t n, std::int64_t H);
+// Whether this CPU's vcvtne2ps2bf16 writes every NaN as round_to_bf16 does (its high half with the quiet
+// bit set, as Intel defines it): false until probe_bf16_cvt_nan() has converted a set of NaNs and found
+// so, which avx512bf16_kernels() does before that set (and amx's, built on it) is first handed out
+// (kernels_avx512bf16_rows_to_bf16.cpp). A flag, not a call, for the kernels' inner loops.
+extern std::atomic<bool> g_bf16_cvt_nan_exact;
+void probe_bf16_cvt_nan();  // only where AVX512_BF16 runs
+inline bool bf16_cvt_nan_exact() { return g_bf16_cvt_nan_exact.load(std::memory_order_relaxed); }
 // The same words on AVX512_BF16's vcvtne2ps2bf16 (kernels_avx512bf16_rows_to_bf16.cpp): decode_rows_to_bf16
 // of the avx512bf16 and amx sets, decode_int8_rows_to_bf16 of the amx set.
 void avx512bf16_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype,
