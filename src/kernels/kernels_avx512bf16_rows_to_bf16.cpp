@@ -29,6 +29,8 @@ inline bool plain_scale(float s) {
   return bf16_cvt_nan_exact() || a <= std::numeric_limits<float>::max();
 }
 
+// Whether vcvtne2ps2bf16 writes 32 NaNs (quiet and signalling, both signs, assorted payloads) as
+// round2_bf16 does.
 bool probe_nan_words() {
   alignas(64) std::uint32_t x[32];
   const std::uint32_t nans[] = {0x7f800001u, 0x7fc00000u, 0x7fffffffu, 0x7fbfffffu, 0xff800001u,
