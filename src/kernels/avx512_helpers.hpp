@@ -94,6 +94,30 @@ inline __m512i round2_bf16_cvt_from_f16(__m512 lo, __m512 hi) {
   if (!bf16_cvt_nan_exact()) return round2_bf16_cvt(lo, hi);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
+
+// Columns [h, h + 32) of a row of the dtype with all 32 there (no mask) as bf16, rounded as load32_bf16
+// does; kDtype bf16, f16 or f32. (The amx tiles' rows, H = Hp; the converters' whole chunks.)
+template <DType kDtype>
+inline __m512i load32_whole(const char* row, std::int64_t h) {
+  if constexpr (kDtype == DType::bf16) {
+    return _mm512_loadu_si512(row + h * 2);
+  } else if constexpr (kDtype == DType::f16) {
+    const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
+    return round2_bf16_cvt_from_f16(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
+  } else {
+    const auto* x = reinterpret_cast<const float*>(row) + h;
+    return round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
+  }
+}
+
+// f(the load32_whole of the call's float dtype).
+template <typename F>
+inline void with_whole_loads(DType dtype, F f) {
+  using std::int64_t;
+  if (dtype == DType::bf16) return f([](const char* row, int64_t h) { return load32_whole<DType::bf16>(row, h); });
+  if (dtype == DType::f16) return f([](const char* row, int64_t h) { return load32_whole<DType::f16>(row, h); });
+  f([](const char* row, int64_t h) { return load32_whole<DType::f32>(row, h); });
+}
 #endif
 
 // 32 values src[h0 .. h0+32) rounded to bf16, as 32 bf16 lanes (pairs along h are the 16 words).

@@ -659,8 +659,8 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
 // The integers form is defined to the bit (exact int32 sums, then the same fp32 steps), so the avx2
 // set's vpmaddwd kernels, the avx512bf16 set's vpdpwssd ones and the amx set's (the avx512bf16 ones)
 // give the same S and O, H <= 256 (wider Q.K rows take the products form, whose sums each set orders
-// its own way). Each row's S and O are its own, so the calls of more
-// rows than the avx2 set takes are compared row block by row block.
+// its own way). Each row's S and O are its own, so the calls of more rows than the avx2 set takes are
+// compared row block by row block.
 TEST(DecodeKernels, IntegersFormIsTheSameOnEveryX86Set) {
   if (!isa_supported(Isa::avx512bf16)) GTEST_SKIP() << "no AVX512_BF16 (and VNNI) here";
   const FlashKernels& a = avx2_decode_kernels();

@@ -67,30 +67,6 @@ bool on_tiles(DType dtype, std::int64_t H, std::int64_t Hp) {
   return dtype != DType::i8 && H % 32 == 0 && H == Hp && H <= kMaxHp && H != 160 && H != 224;
 }
 
-// Columns [h, h + 32) of a whole row of the dtype (H = Hp on the tiles: no partial chunk) as bf16,
-// rounded as load32_bf16 does; kDtype bf16, f16 or f32.
-template <DType kDtype>
-inline __m512i load32_whole(const char* row, std::int64_t h) {
-  if constexpr (kDtype == DType::bf16) {
-    return _mm512_loadu_si512(row + h * 2);
-  } else if constexpr (kDtype == DType::f16) {
-    const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
-    return round2_bf16_cvt_from_f16(_mm512_cvtph_ps(_mm256_loadu_si256(x)), _mm512_cvtph_ps(_mm256_loadu_si256(x + 1)));
-  } else {
-    const auto* x = reinterpret_cast<const float*>(row) + h;
-    return round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
-  }
-}
-
-// f(the load32_whole of the call's float dtype).
-template <typename F>
-inline void with_whole_loads(DType dtype, F f) {
-  using std::int64_t;
-  if (dtype == DType::bf16) return f([](const char* row, int64_t h) { return load32_whole<DType::bf16>(row, h); });
-  if (dtype == DType::f16) return f([](const char* row, int64_t h) { return load32_whole<DType::f16>(row, h); });
-  f([](const char* row, int64_t h) { return load32_whole<DType::f32>(row, h); });
-}
-
 // ---- Q.K ----
 
 struct alignas(64) QkScratch {

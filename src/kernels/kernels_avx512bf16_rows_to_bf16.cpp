@@ -55,25 +55,16 @@ void probe_bf16_cvt_nan() { g_bf16_cvt_nan_exact.store(probe_nan_words(), std::m
 void avx512bf16_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype,
                                     std::int64_t ld, std::int64_t n, std::int64_t H) {
   const std::int64_t row_bytes = ld * static_cast<std::int64_t>(dtype_size(dtype));
-  for (std::int64_t j = 0; j < n; ++j) {
-    const char* row = static_cast<const char*>(src) + j * row_bytes;
-    std::uint16_t* out = dst + j * ldd;
-    std::int64_t h = 0;
-    if (dtype == DType::f16) {
-      for (; h + 32 <= H; h += 32) {
-        const auto* x = reinterpret_cast<const __m256i*>(row + h * 2);
-        _mm512_storeu_si512(out + h, round2_bf16_cvt_from_f16(_mm512_cvtph_ps(_mm256_loadu_si256(x)),
-                                                              _mm512_cvtph_ps(_mm256_loadu_si256(x + 1))));
-      }
-    } else {
-      for (; h + 32 <= H; h += 32) {
-        const auto* x = reinterpret_cast<const float*>(row) + h;
-        _mm512_storeu_si512(out + h, round2_bf16_cvt(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)));
-      }
+  with_whole_loads(dtype, [&](auto load) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const char* row = static_cast<const char*>(src) + j * row_bytes;
+      std::uint16_t* out = dst + j * ldd;
+      std::int64_t h = 0;
+      for (; h + 32 <= H; h += 32) _mm512_storeu_si512(out + h, load(row, h));
+      for (; h < ldd; h += 32)  // the last values, then zeros up to ldd
+        _mm512_mask_storeu_epi16(out + h, first_lanes32(ldd - h), load32_bf16(row, dtype, h, H));
     }
-    for (; h < ldd; h += 32)  // the last values, then zeros up to ldd
-      _mm512_mask_storeu_epi16(out + h, first_lanes32(ldd - h), load32_bf16(row, dtype, h, H));
-  }
+  });
 }
 
 void avx512bf16_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src,
