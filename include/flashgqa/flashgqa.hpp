@@ -287,9 +287,12 @@ struct KvCache {
 //     performance.md, session 11); within the bounds of src/reference/tolerance.hpp (ExtraError).
 // Other calls, and Precision::f32, take the products form: kvcache_int8_form(G, T, H) says which a call
 // of G query heads per kv head, T new tokens and head size H takes. The integers form needs G <= 8,
-// G*T <= 128 and H <= 256; on amx also G*T < 16 (T <= 3 at G = 4, T = 1 at G = 8): from 16 rows each KV
-// block's int8 rows become their bf16 products once for all the row groups, for the bf16 tiles (at G =
-// 4, T = 4 1.05-1.3x and T = 16 1.3-1.6x faster: docs/performance.md, session 26).
+// G*T <= 128 and H <= 256; on amx also G*T < 16 (T <= 3 at G = 4, T = 1 at G = 8), on avx512bf16 G*T < 32
+// (T <= 7 at G = 4): from there each KV block's int8 rows become their bf16 products once for all the
+// row groups, for the bf16 tiles (amx at G = 4: T = 4 1.05-1.3x and T = 16 1.3-1.6x faster,
+// docs/performance.md, session 26; avx512bf16 on the packed blocks' tiles: T = 8 1.15-1.2x, T = 16
+// 1.2-1.35x faster, session 27). Where avx512bf16's vdpbf16ps runs at half rate (Intel without AMX) the
+// integers form stays.
 const char* kvcache_int8_form();
 const char* kvcache_int8_form(std::int64_t G, std::int64_t T, std::int64_t H);
 

@@ -427,9 +427,10 @@ def kvcache_int8_form(G=None, T=None, H=None):
 
     Without arguments: the form of calls whose query rows fit one row group (T = 1 at G <= 8). With
     ``G`` (query heads per kv head), ``T`` (new tokens) and ``H`` (head size), all three: the form such
-    a call takes. The integers form needs G <= 8, G*T <= 128 and H <= 256, and on AMX CPUs fewer than
-    16 query rows (G*T < 16: T <= 3 at G = 4): from 16, each KV block's int8 rows become their bf16
-    products once for all the row groups, for the bf16 tiles, which is faster there.
+    a call takes. The integers form needs G <= 8, G*T <= 128 and H <= 256, on AMX CPUs fewer than 16
+    query rows (G*T < 16: T <= 3 at G = 4) and on AVX-512 BF16 CPUs whose vdpbf16ps runs at full rate
+    (AMD Zen 4) fewer than 32 (T <= 7 at G = 4): from there, each KV block's int8 rows become their
+    bf16 products once for all the row groups, for the bf16 tiles, which is faster there.
     """
     if G is None and T is None and H is None:
         return _flashgqa.kvcache_int8_form()

@@ -26,7 +26,7 @@
 // runs on those as bf16 rows: the operands the kernels would form, so the same bits
 // (docs/performance.md: session 15, f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3; session
 // 25, f16 and f32 at T = 16 1.2-2.4x faster on the AVX-512 sets, pages of 16 most). int8 rows, on the
-// amx set, become their bf16 products the same way when the call has kInt8ConvertRows rows or more, one
+// amx set, become their bf16 products the same way when the call has decode_int8_convert_rows rows or more, one
 // group included (decode_int8_rows_to_bf16): those calls take the products form (kvcache_int8_form(G,
 // T, H)) on the bf16 tiles instead of the integers form's vector P.V, 4 rows at a time, in every group
 // (session 26, with the conversion on vcvtne2ps2bf16: T = 4 1.05-1.3x, T = 8 1.45-1.65x, T = 16
@@ -35,6 +35,22 @@
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
 // once per block (T = 16 1.09x faster, session 20).
+//
+// Packed blocks (a set with decode_packed_rows, avx512bf16: G*T >= 16 rows, so T >= 4 at G = 4): the
+// rows' kernels are the packed path's tiles, at the peak where the 8-row decode kernels ran near 60%
+// of it (their transpose-adds). Per block, the block's rows stay where they lie (dense or paged: each 16
+// keys' first row; int8 rows as their bf16 products, converted once per block as above); Q.K packs one
+// K panel of 32 keys at a time (pack_k, 8 KiB at H = 128, which stays in L1) and runs every row tile of
+// the group (the set's mr rows, groups of kPackedGroupRows) on it (qk_tile), then the softcap, softmax_tile
+// per row tile, the block's V packed once (pack_v) and pv_tile per row tile and h tile. The group runs
+// the whole block with no K/V stream under it, so its first group prefetches the next block's K and V
+// rows into L2, an even share before each panel and each pv_tile call (without: T = 4 1.3x, T = 8
+// 1.2x slower). The tiles' sums do not depend on where a block's rows lie or on the thread count, so
+// dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
+// decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster). Measured on
+// Zen 4 against the 8-row groups (docs/performance.md, session 27; S = 32768, K 8, G 4, 2 threads, the
+// same runs): bf16 T = 4 1.04x dense, 1.3-1.4x paged; T = 8 1.2x dense, 1.3-1.45x paged; T = 16
+// 1.25x dense, 1.4-1.5x paged; int8 T = 8 1.15-1.2x, T = 16 1.2-1.35x.
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
@@ -103,6 +119,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
 // Pages shorter than this go in one call per block (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
+// Packed blocks: rows per group (the S and P tiles of a group: 64 x bkv), and keys per P.V chunk.
+constexpr std::int64_t kPackedGroupRows = 64;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
@@ -111,6 +129,7 @@ struct Plan {
   std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   bool one_call = false;  // pages go in one call per block (see for_each_piece)
+  bool packed = false;    // packed blocks: K/V panels once per block, the tile kernels (see the top)
   std::int64_t heads = 1;  // the most kv heads of a task group (paged; see the top of the file)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
@@ -131,6 +150,8 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
   plan.R = p.G * decode_positions(p, k);
   plan.Hp = round_up(p.H, kHTile);
+  plan.packed = decode_packs_blocks(p, k);
+  if (plan.packed) plan.R = std::min(plan.M, kPackedGroupRows);
   plan.convert_k = decode_converts_rows(p, k, p.k_dtype);
   plan.convert_v = decode_converts_rows(p, k, p.v_dtype);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
@@ -155,6 +176,13 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
   return static_cast<const char*>(base) +
          (page * page_stride + kh * head_stride + (s % pages.page_size) * row_stride) *
              static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+// Row s of kv head kh of batch entry b, K (is_k) or V, dense or paged.
+const void* key_row(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s) {
+  if (pages == nullptr) return is_k ? p.k_row(b, kh, s) : p.v_row(b, kh, s);
+  return is_k ? paged_row(*pages, p.k, p.k_dtype, pages->k_page_stride, p.k_stride[1], p.k_stride[2], kh, s)
+              : paged_row(*pages, p.v, p.v_dtype, pages->v_page_stride, p.v_stride[1], p.v_stride[2], kh, s);
 }
 
 static_assert(kPageAlign % kDecodePieceKeys == 0, "blocks start on a piece");
@@ -280,12 +308,15 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
 
 // Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
 struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16;
+  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16, k_panels, v_panels,
+      k_pieces, v_pieces;
   std::int64_t ld = 0;  // of S and P, in elements
   std::int64_t M = 0;   // rows of each head's q, o, m, l and corr (heads of a task group one after another)
   explicit Workspace(const std::vector<Plan>& plans) {
     std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
+    std::int64_t panel_keys = 0;
     for (const Plan& plan : plans) {
+      if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv)), Hp = std::max(Hp, plan.Hp);
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
       heads = std::max(heads, plan.heads);
       ld = std::max(ld, padded_keys(plan.work.bkv));
@@ -300,6 +331,12 @@ struct Workspace {
       gather.reset(static_cast<std::size_t>(gather_bytes));
       gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
       pieces.reset(static_cast<std::size_t>(ceil_div(gather_keys, kDecodePieceKeys)) * sizeof(const void*));
+    }
+    if (panel_keys > 0) {
+      k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * 2));  // one K panel
+      v_panels.reset(static_cast<std::size_t>(panel_keys * Hp * 2));  // the block's V panels
+      for (AlignedBuffer* b : {&k_pieces, &v_pieces})
+        b->reset(static_cast<std::size_t>(panel_keys / kDecodePieceKeys) * sizeof(const void*));
     }
     if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
     if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
@@ -389,6 +426,93 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
   v_kept = shares && more;
 }
 
+// Packed blocks: where each 16 keys of the block [s0, s0 + n) lie, K's and V's (dense or paged; int8
+// rows: their bf16 products, converted).
+void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t s0, std::int64_t n,
+                  Workspace& w) {
+  for (const bool is_k : {true, false}) {
+    const void** pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>();
+    const std::uint16_t* converted = (is_k ? plan.convert_k : plan.convert_v) ? (is_k ? w.k_bf16 : w.v_bf16).as<std::uint16_t>() : nullptr;
+    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys)
+      pieces[j0 / kDecodePieceKeys] = converted != nullptr ? converted + j0 * plan.Hp
+                                                           : key_row(p, plan.pages, is_k, task.b, task.kh, s0 + j0);
+  }
+}
+
+// Packed blocks: rows [r0, r0 + R) of a task against the block's keys [s0, s0 + n) (n: the keys its last
+// row sees, block_pieces' rows), in row tiles of the set's mr:
+//   S = scale Q K^T a panel of 32 keys at a time, each packed (pack_k, 8 KiB at H = 128: it stays in
+//   L1) and then taken by every row tile;
+//   the softcap; the online softmax (softmax_tile);
+//   O = O corr + P V, the block's V packed once (pack_v), then every row tile and h tile (pv_tile).
+// The first group also fetches the next block's rows into L2 (see the top of the file).
+void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
+                      std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld;
+  const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
+  const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
+  if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block
+  const std::int64_t hr = head * w.M + r0;
+  const auto* q = w.q.as<std::uint16_t>() + hr * Hp;
+  float* o = w.o.as<float>() + hr * Hp;
+  float* s = w.s.as<float>();
+  auto* pt = w.p.as<std::uint16_t>();
+  auto* kp = w.k_panels.as<std::uint16_t>();
+  auto* vp = w.v_panels.as<std::uint16_t>();
+  const std::int64_t mr = kern.mr, row_tiles = ceil_div(R, mr), h_tiles = Hp / kHTile;
+  const auto tile_rows = [&](std::int64_t t) { return static_cast<int>(std::min(mr, R - t)); };
+  // Keys [j, j + len) of the block packed at dst (K panels or V panels).
+  const auto pack = [&](bool is_k, std::int64_t j, std::int64_t len, void* dst) {
+    const bool converted = is_k ? plan.convert_k : plan.convert_v;
+    PackSource src{nullptr, converted ? DType::bf16 : is_k ? p.k_dtype : p.v_dtype,
+                   converted ? Hp : is_k ? p.k_stride[2] : p.v_stride[2], len, p.H, Hp, true};
+    src.pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>() + j / kDecodePieceKeys;
+    (is_k ? kern.pack_k : kern.pack_v)(dst, src);
+  };
+  // The next block's rows, K's then V's, an even share before each panel's and each P.V call's work.
+  const std::int64_t next = s0 + plan.work.bkv;
+  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(task.keys.end - next, 0, plan.work.bkv) : 0;
+  const std::int64_t steps = npad / kPanelKeys + row_tiles * h_tiles;
+  std::int64_t step = 0;
+  // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
+  // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
+  // 1.15x, T = 8 1.15x.)
+  const auto fetch_share = [&] {
+    const std::int64_t a = ceil_div(2 * next_n * step, steps), b = ceil_div(2 * next_n * (step + 1), steps);
+    ++step;
+    for (std::int64_t i = a; i < b; ++i) {
+      const bool is_k = i < next_n;
+      const std::int64_t key = next + (is_k ? i : i - next_n);
+      prefetch_row(static_cast<const char*>(key_row(p, plan.pages, is_k, task.b, task.kh, key)),
+                   p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype)));
+      if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr) {
+        const std::int64_t page = plan.pages == nullptr ? task.b : plan.pages->table[key / plan.pages->page_size];
+        const std::int64_t row = plan.pages == nullptr ? key : key % plan.pages->page_size;
+        __builtin_prefetch(key_scales(p, is_k, page, task.kh, row).scale, 0, 2);
+      }
+    }
+  };
+  for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
+    fetch_share();
+    pack(true, c, std::min<std::int64_t>(kPanelKeys, n - c), kp);
+    for (std::int64_t t = 0; t < R; t += mr) kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
+  }
+  if (p.softcap != 0.0f)
+    for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
+  bool moved[kPackedGroupRows];  // per row tile: some row's max moved (pv_tile rescales its O rows)
+  for (std::int64_t t = 0; t < R; t += mr)
+    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t, w.l.as<float>() + hr + t,
+                                       w.corr.as<float>() + hr + t, lo + t, hi + t, npad, tile_rows(t), true});
+  pack(false, 0, n, vp);
+  for (std::int64_t t = 0; t < R; t += mr)
+    for (std::int64_t h = 0; h < Hp; h += kHTile) {
+      fetch_share();
+      kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk, moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr,
+                    tile_rows(t)});
+    }
+}
+
 // Keys [s0, s0 + n) of the task's K (is_k) or V rows as bf16 words at dst, Hp per key (page by page,
 // without a gather copy).
 void rows_to_bf16(const Problem& p, const Plan& plan, const FlashTask& task, bool is_k, std::int64_t s0,
@@ -440,9 +564,16 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
       hi[r] = static_cast<std::int32_t>(keys.end);
     }
     for (std::int64_t i = 0; i < count; ++i) {
-      // f16/f32 rows as bf16 once for all the row groups: the keys some row sees (the last row's).
+      // f16/f32 rows (int8 rows: their products) as bf16 once for all the row groups: the keys some row
+      // sees (the last row's).
       if (plan.convert_k) rows_to_bf16(p, plan, tasks[i], true, s0, hi[M - 1], w.k_bf16.as<std::uint16_t>());
       if (plan.convert_v) rows_to_bf16(p, plan, tasks[i], false, s0, hi[M - 1], w.v_bf16.as<std::uint16_t>());
+      if (plan.packed) {
+        block_pieces(p, plan, tasks[i], s0, hi[M - 1], w);
+        for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
+          run_group_packed(p, plan, tasks[i], i, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1]);
+        continue;
+      }
       // The row groups one after another on the same block, which stays in L2 after the first.
       bool v_kept = false;
       for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
@@ -468,15 +599,25 @@ std::int64_t decode_positions(const Problem& p, const FlashKernels& k) {
                                   std::max<std::int64_t>(block_positions(p), 1));
 }
 
-// From how many rows a call (G T) a set with decode_int8_rows_to_bf16 converts int8 rows: where the
-// integers form would run its vector P.V in four blocks of 4 rows or more (see the top of the file).
-constexpr std::int64_t kInt8ConvertRows = 16;
+// Whether a call converts its int8 rows (a set with decode_int8_rows_to_bf16, from its
+// decode_int8_convert_rows rows a call, G T; see the top of the file).
+bool converts_int8(const Problem& p, const FlashKernels& k) {
+  return k.decode_int8_rows_to_bf16 != nullptr && p.G * block_positions(p) >= k.decode_int8_convert_rows;
+}
+
+bool decode_packs_blocks(const Problem& p, const FlashKernels& k) {
+  const bool int8 = p.k_dtype == DType::i8 || p.v_dtype == DType::i8;
+  return k.decode_packed_rows > 0 && p.G * block_positions(p) >= k.decode_packed_rows && k.qk_tile != nullptr &&
+         k.pv_tile != nullptr && k.pack_k != nullptr && k.pack_v != nullptr && (!int8 || converts_int8(p, k));
+}
 
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype) {
-  // f16/f32: more than one row group; int8: kInt8ConvertRows rows or more. Rows the set converts: once
-  // per block, not once per group (see the top of the file).
+  // Packed blocks pack float rows from where they lie; int8 rows become their products first.
+  if (decode_packs_blocks(p, k)) return dtype == DType::i8;
+  // f16/f32: more than one row group; int8: the set's decode_int8_convert_rows rows or more. Rows the set
+  // converts: once per block, not once per group (see the top of the file).
   const std::int64_t groups = ceil_div(std::max<std::int64_t>(block_positions(p), 1), decode_positions(p, k));
-  if (dtype == DType::i8) return p.G * block_positions(p) >= kInt8ConvertRows && k.decode_int8_rows_to_bf16 != nullptr;
+  if (dtype == DType::i8) return converts_int8(p, k);
   return groups >= 2 && k.decode_rows_to_bf16 != nullptr && (dtype == DType::f16 || dtype == DType::f32);
 }
 

@@ -251,11 +251,13 @@ const FlashKernels& amx_kernels() {
     // rows slower; on the vector sets, whose int8 kernels are faster than their bf16 ones, slower at
     // every T: docs/performance.md, sessions 25 and 26).
     s.decode_int8_rows_to_bf16 = avx512bf16_decode_int8_rows_to_bf16;
+    s.decode_int8_convert_rows = 16;
     s.decode_max_rows = kAmxDecodeMaxRows;
     s.decode_pv_step_keys = kAmxDecodePvKeys;
     // No overlap: with the tiles, its prefetches stalled the core more than they hid (T = 2 1.39x,
     // T = 16 1.24x faster without; docs/performance.md, session 20).
     s.decode_overlap_rows = 0;
+    s.decode_packed_rows = 0;  // its own tiles take the rows (kAmxDecodeMaxRows a group)
     return s;
   }();
   amx::g_config_epoch.fetch_add(1, std::memory_order_relaxed);

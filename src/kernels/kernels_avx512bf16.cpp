@@ -10,6 +10,7 @@
 // qk_tile and pv_tile are the same loop: (Q, K panel) and (P, V panel) are both "row words x panel".
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/avx512_helpers.hpp"
@@ -94,10 +95,29 @@ void pack_q_row(void* dst, const PackSource& s) {
   for (std::int64_t h = 0; h < s.Hp; h += 32) _mm512_store_si512(d + h, load32_bf16(s.src, s.dtype, h, s.H));
 }
 
+// The first row of keys j0.. (a multiple of 16) and the bytes between them: within one piece.
+inline const char* rows16(const PackSource& s, std::int64_t j0) { return static_cast<const char*>(key_row(s, j0)); }
+
 // K panels [Hp/2][32][2]: per 16 keys and 16 words (32 h), load the 16 rows, transpose 16x16 words.
 void pack_k(void* dst, const PackSource& s) {
   auto* d = static_cast<std::uint16_t*>(dst);
   const std::int64_t npad = padded_keys(s.n);
+  if (s.dtype == DType::bf16 && s.H == s.Hp) {  // plain loads, each 16 keys' rows from their first
+    const std::int64_t ld_bytes = s.ld * 2;
+    for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
+      std::uint16_t* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + 2 * (j0 % kPanelKeys);
+      const std::int64_t nrows = std::min<std::int64_t>(16, s.n - j0);
+      const char* rows = nrows > 0 ? rows16(s, j0) : nullptr;
+      for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 32) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = i < nrows ? _mm512_loadu_si512(rows + i * ld_bytes + h0 * 2) : _mm512_setzero_si512();
+        transpose16x16_epi32(r);
+        for (int w = 0; w < 16; ++w) _mm512_store_si512(panel + (h0 / 2 + w) * 2 * kPanelKeys, r[w]);
+      }
+    }
+    return;
+  }
   for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
     std::uint16_t* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + 2 * (j0 % kPanelKeys);
     for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 32) {
@@ -117,6 +137,25 @@ void pack_v(void* dst, const PackSource& s) {
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
                                           38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  if (s.dtype == DType::bf16 && s.H == s.Hp) {  // plain loads, each 16 keys' rows from their first
+    const std::int64_t ld_bytes = s.ld * 2;
+    for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
+      const std::int64_t nrows = std::min<std::int64_t>(16, s.n - j0);
+      const char* rows = nrows > 0 ? rows16(s, j0) : nullptr;
+      for (std::int64_t i = 0; i < 16; i += 2) {
+        const char* a = i < nrows ? rows + i * ld_bytes : nullptr;
+        const char* b = i + 1 < nrows ? rows + (i + 1) * ld_bytes : nullptr;
+        std::uint16_t* out = d + (j0 + i) * kHTile;
+        for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
+          const __m512i x = a != nullptr ? _mm512_loadu_si512(a + h0 * 2) : _mm512_setzero_si512();
+          const __m512i y = b != nullptr ? _mm512_loadu_si512(b + h0 * 2) : _mm512_setzero_si512();
+          _mm512_store_si512(out + h0 * npad, _mm512_permutex2var_epi16(x, lo_idx, y));
+          _mm512_store_si512(out + h0 * npad + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+        }
+      }
+    }
+    return;
+  }
   for (std::int64_t j = 0; j < npad; j += 2) {
     for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
       const __m512i a = j < s.n ? load32_bf16(key_row(s, j), s.dtype, h0, s.H) : _mm512_setzero_si512();
@@ -201,9 +240,12 @@ const FlashKernels& avx512bf16_kernels() {
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
                               .decode_pv_rows = avx512bf16_decode_pv_rows,
                               .decode_rows_to_bf16 = avx512bf16_decode_rows_to_bf16,
+                              .decode_int8_rows_to_bf16 = avx512bf16_decode_int8_rows_to_bf16,
                               .softmax_grad_pack = softmax_grad_pack,
                               .int8_on_integers = true,
-                              .decode_row_pieces = true};
+                              .decode_row_pieces = true,
+                              .decode_packed_rows = 16,
+                              .decode_int8_convert_rows = 32};
   return k;
 }
 

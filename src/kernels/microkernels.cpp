@@ -42,6 +42,9 @@ const FlashKernels& avx512bf16_fma_decode_kernels() {
     f.name = "avx512bf16 (fma decode)";
     f.decode_qk_rows = avx512bf16_fma_decode_qk_rows;
     f.decode_pv_rows = avx512bf16_fma_decode_pv_rows;
+    // Its tiles' vdpbf16ps run at half rate there: no packed blocks, and int8 stays on the integers form.
+    f.decode_packed_rows = 0;
+    f.decode_int8_rows_to_bf16 = nullptr;
     return f;
   }();
   return k;

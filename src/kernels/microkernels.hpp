@@ -217,6 +217,9 @@ struct PackSource {
   std::int64_t n;   // keys (pack_k/pack_v)
   std::int64_t H, Hp;
   bool round_bf16;
+  // pack_k/pack_v of a set with decode_packed_rows (the decode path's packed blocks) may instead take
+  // key j's row at pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ld elements (src unused).
+  const void* const* pieces = nullptr;
 };
 
 // Decode (see the contract above).
@@ -316,9 +319,10 @@ struct FlashKernels {
                               std::int64_t n, std::int64_t H) = nullptr;
   // Optional, likewise for int8 rows (row j's scale at scale[j * ld_scale]): the products form's operands,
   // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
-  // path converts an int8 block once with it when the call has 16 rows or more (G T), so such calls
-  // take the products form (kvcache_int8_form) on the bf16 kernels; a set without it (all but amx)
-  // runs its own int8 kernels in every group.
+  // path converts an int8 block once with it when the call has decode_int8_convert_rows rows or more
+  // (G T), so such calls
+  // take the products form (kvcache_int8_form) on the bf16 kernels (amx) or tiles (avx512bf16's packed
+  // blocks); a set without it (the others) runs its own int8 kernels in every group.
   void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                    const float* scale, std::int64_t ld_scale, std::int64_t n,
                                    std::int64_t H) = nullptr;
@@ -342,6 +346,15 @@ struct FlashKernels {
   // The decode path cuts a block's calls only there: pages of another size go in one call per block
   // (flash_decode.cpp).
   int decode_pv_step_keys = kDecodePieceKeys;
+  // The decode path's packed blocks (flash_decode.cpp) from this many rows a call (G T) on; 0: never.
+  // Each block's K and V rows (float dtypes from where they lie, PackSource::pieces; int8 rows from
+  // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v, and the rows run on
+  // qk_tile, softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27).
+  int decode_packed_rows = 0;
+  // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
+  // integers form would run its vector P.V in four blocks of 4 rows, session 26), avx512bf16 32 (the
+  // packed blocks; at 16 rows the integers form was 1.05x faster, session 27).
+  int decode_int8_convert_rows = 16;
 };
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
@@ -407,7 +420,8 @@ extern std::atomic<bool> g_bf16_cvt_nan_exact;
 void probe_bf16_cvt_nan();  // only where AVX512_BF16 runs
 inline bool bf16_cvt_nan_exact() { return g_bf16_cvt_nan_exact.load(std::memory_order_relaxed); }
 // The same words on AVX512_BF16's vcvtne2ps2bf16 (kernels_avx512bf16_rows_to_bf16.cpp): decode_rows_to_bf16
-// of the avx512bf16 and amx sets, decode_int8_rows_to_bf16 of the amx set.
+// of the avx512bf16 and amx sets, decode_int8_rows_to_bf16 of the avx512bf16 and amx sets (not of the
+// avx512bf16 fma decode set).
 void avx512bf16_decode_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const void* src, DType dtype,
                                     std::int64_t ld, std::int64_t n, std::int64_t H);
 void avx512bf16_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src,
