@@ -7,7 +7,8 @@
 //   kvcache_int8/...: the same cache quantized by quantize_kv (bytes: 1 per element and a 4-byte scale
 //     per row); the target is tokens/s >= 1.7 x the bf16 row's.
 //   kvcache/dense/T=<n>/S=32768: one sequence of 32768 keys, T new tokens (row groups of 2 positions;
-//     4 on the amx set, whose decode kernels take 16 rows).
+//     4 on the amx set, whose decode kernels take 16 rows; from T = 4 the avx512bf16 set's packed
+//     blocks, all rows of a call on the tiles).
 //     x_roofline = time / max(t_math, t_comms): t_math = 4 K G T S H FLOP at the bf16 matmul peak
 //     (AMX's where present), t_comms = the K/V bytes at the DRAM bandwidth (the target is <= 1.5).
 //   attention/T=<n>/S=32768: the same shape through attention() (the packed path for T > 2), the

@@ -26,11 +26,12 @@
 // runs on those as bf16 rows: the operands the kernels would form, so the same bits
 // (docs/performance.md: session 15, f16 at T = 16 from 1.5x bf16's time to 1.06x on Zen 3; session
 // 25, f16 and f32 at T = 16 1.2-2.4x faster on the AVX-512 sets, pages of 16 most). int8 rows, on the
-// amx set, become their bf16 products the same way when the call has decode_int8_convert_rows rows or more, one
-// group included (decode_int8_rows_to_bf16): those calls take the products form (kvcache_int8_form(G,
-// T, H)) on the bf16 tiles instead of the integers form's vector P.V, 4 rows at a time, in every group
-// (session 26, with the conversion on vcvtne2ps2bf16: T = 4 1.05-1.3x, T = 8 1.45-1.65x, T = 16
-// 1.3-1.6x faster at G = 4; at 8 rows, T = 2, the integers form stays 1.2x faster on dense caches).
+// amx set, become their bf16 products the same way when the call has decode_int8_convert_rows rows or
+// more, one group included (decode_int8_rows_to_bf16): those calls take the products form
+// (kvcache_int8_form(G, T, H)) on the bf16 tiles instead of the integers form's vector P.V, 4 rows at a
+// time, in every group (session 26, with the conversion on vcvtne2ps2bf16: T = 4 1.05-1.3x, T = 8
+// 1.45-1.65x, T = 16 1.3-1.6x faster at G = 4; at 8 rows, T = 2, the integers form stays 1.2x faster on
+// dense caches); on the avx512bf16 set, the packed blocks below.
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
@@ -119,7 +120,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
 // Pages shorter than this go in one call per block (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
-// Packed blocks: rows per group (the S and P tiles of a group: 64 x bkv), and keys per P.V chunk.
+// Packed blocks: rows per group (the S and P tiles of a group: 64 x bkv).
 constexpr std::int64_t kPackedGroupRows = 64;
 
 struct Plan {
@@ -129,7 +130,7 @@ struct Plan {
   std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   bool one_call = false;  // pages go in one call per block (see for_each_piece)
-  bool packed = false;    // packed blocks: K/V panels once per block, the tile kernels (see the top)
+  bool packed = false;    // packed blocks: K and V packed per block for the tile kernels (see the top)
   std::int64_t heads = 1;  // the most kv heads of a task group (paged; see the top of the file)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
@@ -179,7 +180,8 @@ const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::
 }
 
 // Row s of kv head kh of batch entry b, K (is_k) or V, dense or paged.
-const void* key_row(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s) {
+const void* key_row(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
+                    std::int64_t s) {
   if (pages == nullptr) return is_k ? p.k_row(b, kh, s) : p.v_row(b, kh, s);
   return is_k ? paged_row(*pages, p.k, p.k_dtype, pages->k_page_stride, p.k_stride[1], p.k_stride[2], kh, s)
               : paged_row(*pages, p.v, p.v_dtype, pages->v_page_stride, p.v_stride[1], p.v_stride[2], kh, s);
@@ -316,7 +318,7 @@ struct Workspace {
     std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
     std::int64_t panel_keys = 0;
     for (const Plan& plan : plans) {
-      if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv)), Hp = std::max(Hp, plan.Hp);
+      if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
       M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
       heads = std::max(heads, plan.heads);
       ld = std::max(ld, padded_keys(plan.work.bkv));
@@ -432,7 +434,8 @@ void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std
                   Workspace& w) {
   for (const bool is_k : {true, false}) {
     const void** pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>();
-    const std::uint16_t* converted = (is_k ? plan.convert_k : plan.convert_v) ? (is_k ? w.k_bf16 : w.v_bf16).as<std::uint16_t>() : nullptr;
+    const bool convert = is_k ? plan.convert_k : plan.convert_v;
+    const std::uint16_t* converted = convert ? (is_k ? w.k_bf16 : w.v_bf16).as<std::uint16_t>() : nullptr;
     for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys)
       pieces[j0 / kDecodePieceKeys] = converted != nullptr ? converted + j0 * plan.Hp
                                                            : key_row(p, plan.pages, is_k, task.b, task.kh, s0 + j0);
@@ -487,7 +490,8 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
       prefetch_row(static_cast<const char*>(key_row(p, plan.pages, is_k, task.b, task.kh, key)),
                    p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype)));
       if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr) {
-        const std::int64_t page = plan.pages == nullptr ? task.b : plan.pages->table[key / plan.pages->page_size];
+        const std::int64_t page =
+            plan.pages == nullptr ? task.b : plan.pages->table[key / plan.pages->page_size];
         const std::int64_t row = plan.pages == nullptr ? key : key % plan.pages->page_size;
         __builtin_prefetch(key_scales(p, is_k, page, task.kh, row).scale, 0, 2);
       }
@@ -496,20 +500,22 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
   for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
     fetch_share();
     pack(true, c, std::min<std::int64_t>(kPanelKeys, n - c), kp);
-    for (std::int64_t t = 0; t < R; t += mr) kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
+    for (std::int64_t t = 0; t < R; t += mr)
+      kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
   }
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
   bool moved[kPackedGroupRows];  // per row tile: some row's max moved (pv_tile rescales its O rows)
   for (std::int64_t t = 0; t < R; t += mr)
-    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t, w.l.as<float>() + hr + t,
-                                       w.corr.as<float>() + hr + t, lo + t, hi + t, npad, tile_rows(t), true});
+    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t,
+                                       w.l.as<float>() + hr + t, w.corr.as<float>() + hr + t, lo + t, hi + t, npad,
+                                       tile_rows(t), true});
   pack(false, 0, n, vp);
   for (std::int64_t t = 0; t < R; t += mr)
     for (std::int64_t h = 0; h < Hp; h += kHTile) {
       fetch_share();
-      kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk, moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr,
-                    tile_rows(t)});
+      kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk,
+                    moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr, tile_rows(t)});
     }
 }
 
