@@ -123,6 +123,7 @@ TEST_P(FlashDecode, OverlapGivesTheBitsOfOneCall) {
   FlashKernels with = k, without = k;
   with.decode_overlap_rows = 8;
   without.decode_overlap_rows = 0;
+  with.decode_packed_rows = without.decode_packed_rows = 0;  // 16 rows in row groups (not packed blocks)
   int seed = 90;
   for (std::int64_t H : {64, 128})
     for (const Shape& shape : {Shape{1, 2, 4, 4, 1500, H}, Shape{2, 1, 4, 3, 999, H}})
@@ -141,6 +142,43 @@ TEST_P(FlashDecode, OverlapGivesTheBitsOfOneCall) {
         EXPECT_TRUE(bitwise_equal(overlapped, c.out_and_lse_values()))
             << testing::to_string(shape) << (causal ? " causal" : "");
       }
+}
+
+// Packed blocks (decode_packed_rows; flash_decode.cpp), on every decode set of bf16 pairs with tiles
+// and packers, from 16 rows: against the reference with row counts past one row tile and one group of
+// 64 (G*T = 16, 21, 128), G = 1, H = 40 (the packers' generic path), 64, 128 and 256, blocks that divide
+// nothing, causal, a window and the softcap; the same bits on 1 and 3 threads.
+TEST_P(FlashDecode, PackedBlocksMatchReferenceAndKeepBitsAcrossThreads) {
+  const FlashKernels& k = decode_kernels_for(isa(), Precision::bf16);
+  if (k.decode_qk_rows == nullptr || k.operand_bytes != 2 || k.qk_tile == nullptr || k.pack_k == nullptr)
+    GTEST_SKIP() << k.name << ": no tiles and packers of bf16 pairs in this decode set";
+  int seed = 400;
+  for (const Shape& shape : {Shape{1, 2, 1, 16, 777, 128}, Shape{2, 1, 3, 7, 1000, 64}, Shape{1, 1, 8, 16, 300, 256},
+                             Shape{1, 3, 4, 4, 513, 40}})
+    for (int variant = 0; variant < 3; ++variant) {
+      Options o;
+      o.causal = variant != 0;
+      o.block_kv = variant == 1 ? 45 : 0;
+      if (variant == 2) o.window_left = 100, o.softcap = 20.0f;
+      AttentionCase c = make_case(shape, DType::bf16, DType::bf16, Layout::contiguous, ++seed);
+      std::vector<float> one;
+      for (int threads : {1, 3}) {
+        o.threads = threads;
+        const Problem p = flash_problem(c, o);
+        // (Handed out anew for each call: the amx set's tiles load their configuration per call.)
+        FlashKernels packed = decode_kernels_for(isa(), Precision::bf16);
+        packed.decode_packed_rows = 16;
+        ASSERT_TRUE(flash_decode_row_groups_apply(p, packed) && decode_packs_blocks(p, packed));
+        flash_attention_decode(p, packed);
+        if (threads == 1) {
+          const ErrorReport r = check_against_reference(p, reference_attention(p));
+          EXPECT_TRUE(r.ok) << testing::to_string(shape) << " variant " << variant << ": " << r.describe();
+          one = c.out_and_lse_values();
+        } else {
+          EXPECT_TRUE(bitwise_equal(one, c.out_and_lse_values())) << testing::to_string(shape) << " variant " << variant;
+        }
+      }
+    }
 }
 
 // Windows in decode (G*T <= 8 rows): a key range that starts inside the cache, splits starting inside
