@@ -34,10 +34,10 @@ bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k);
 // Whether the decode path converts p's K or V rows of `dtype` to bf16 once per block on k
 // (decode_rows_to_bf16, decode_int8_rows_to_bf16; flash_decode.cpp): f16 and f32 rows where p's rows
 // take more than one row group and no packed blocks (decode_packs_blocks: those pack them as they lie),
-// int8 rows where a call has 16 rows or more (G T >= 16).
+// int8 rows where a call has k.decode_int8_convert_rows rows or more (G T; amx 16, avx512bf16 32).
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype);
 // Whether the decode path runs p on packed blocks on k (flash_decode.cpp): G T >= k.decode_packed_rows,
-// and for int8 K/V where k converts int8 rows (decode_int8_rows_to_bf16) and G T >= 16.
+// and for int8 K/V where k converts them (decode_int8_rows_to_bf16, G T >= k.decode_int8_convert_rows).
 bool decode_packs_blocks(const Problem& p, const FlashKernels& k);
 // Positions per row group: k.decode_max_rows / G (at least 1), at most T (T when G*T <= that).
 std::int64_t decode_positions(const Problem& p, const FlashKernels& k);

@@ -235,10 +235,7 @@ inline void softcap_n(float* x, std::int64_t n, float cap) {
 }
 
 inline const void* key_row(const PackSource& s, std::int64_t j) {
-  const std::int64_t esize = s.dtype == DType::f32 ? 4 : 2;
-  if (s.pieces != nullptr)
-    return static_cast<const char*>(s.pieces[j / kDecodePieceKeys]) + (j % kDecodePieceKeys) * s.ld * esize;
-  return static_cast<const char*>(s.src) + j * s.ld * esize;
+  return packed_key_row(s, j, s.dtype == DType::f32 ? 4 : 2);
 }
 
 

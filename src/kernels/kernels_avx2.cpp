@@ -275,10 +275,7 @@ bool softmax_tile_bf16(const SoftmaxTile& t) {
   });
 }
 
-const void* key_row(const PackSource& s, std::int64_t j) {
-  const std::int64_t esize = s.dtype == DType::f32 ? 4 : 2;
-  return static_cast<const char*>(s.src) + j * s.ld * esize;
-}
+const void* key_row(const PackSource& s, std::int64_t j) { return packed_key_row(s, j, s.dtype == DType::f32 ? 4 : 2); }
 
 
 void pack_q_row(void* dst, const PackSource& s) {

@@ -95,7 +95,7 @@ void pack_q_row(void* dst, const PackSource& s) {
   for (std::int64_t h = 0; h < s.Hp; h += 32) _mm512_store_si512(d + h, load32_bf16(s.src, s.dtype, h, s.H));
 }
 
-// The first row of keys j0.. (a multiple of 16) and the bytes between them: within one piece.
+// The first row of keys j0.. (j0 a multiple of 16): its 16 rows lie s.ld elements apart (one piece).
 inline const char* rows16(const PackSource& s, std::int64_t j0) { return static_cast<const char*>(key_row(s, j0)); }
 
 // K panels [Hp/2][32][2]: per 16 keys and 16 words (32 h), load the 16 rows, transpose 16x16 words.

@@ -124,7 +124,7 @@ float operand(const void* row, const PackSource& s, std::int64_t h) {
 }
 
 const void* key_row(const PackSource& s, std::int64_t j) {
-  return static_cast<const char*>(s.src) + j * s.ld * static_cast<std::int64_t>(dtype_size(s.dtype));
+  return packed_key_row(s, j, static_cast<std::int64_t>(dtype_size(s.dtype)));
 }
 
 void pack_q_row(void* dst, const PackSource& s) {

@@ -217,8 +217,8 @@ struct PackSource {
   std::int64_t n;   // keys (pack_k/pack_v)
   std::int64_t H, Hp;
   bool round_bf16;
-  // pack_k/pack_v of a set with decode_packed_rows (the decode path's packed blocks) may instead take
-  // key j's row at pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ld elements (src unused).
+  // Or (pack_k/pack_v, every set; the decode path's packed blocks) key j's row at
+  // pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ld elements, src unused (packed_key_row).
   const void* const* pieces = nullptr;
 };
 
@@ -226,6 +226,13 @@ struct PackSource {
 constexpr int kDecodeMaxRows = 8;
 // Keys per piece of a decode call's pieces (DecodeQk::k_pieces, DecodePv::v_pieces).
 constexpr int kDecodePieceKeys = 16;
+
+// Key j's row of a pack source whose elements are esize bytes: at src, or in its piece (PackSource::pieces).
+inline const void* packed_key_row(const PackSource& s, std::int64_t j, std::int64_t esize) {
+  if (s.pieces != nullptr)
+    return static_cast<const char*>(s.pieces[j / kDecodePieceKeys]) + (j % kDecodePieceKeys) * s.ld * esize;
+  return static_cast<const char*>(s.src) + j * s.ld * esize;
+}
 constexpr int kAmxDecodeMaxRows = 16;
 // Keys per step of the amx set's P.V tiles: one tdpbf16ps sums 32 keys (FlashKernels::decode_pv_step_keys).
 constexpr int kAmxDecodePvKeys = 32;
@@ -320,9 +327,8 @@ struct FlashKernels {
   // Optional, likewise for int8 rows (row j's scale at scale[j * ld_scale]): the products form's operands,
   // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
   // path converts an int8 block once with it when the call has decode_int8_convert_rows rows or more
-  // (G T), so such calls
-  // take the products form (kvcache_int8_form) on the bf16 kernels (amx) or tiles (avx512bf16's packed
-  // blocks); a set without it (the others) runs its own int8 kernels in every group.
+  // (G T), so such calls take the products form (kvcache_int8_form) on the bf16 kernels (amx) or tiles
+  // (avx512bf16's packed blocks); a set without it (the others) runs its own int8 kernels in every group.
   void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                    const float* scale, std::int64_t ld_scale, std::int64_t n,
                                    std::int64_t H) = nullptr;
