@@ -40,7 +40,8 @@
 // Packed blocks (a set with decode_packed_rows, avx512bf16: G*T >= 16 rows, so T >= 4 at G = 4): the
 // rows' kernels are the packed path's tiles, at the peak where the 8-row decode kernels ran near 60%
 // of it (their transpose-adds). Per block, the block's rows stay where they lie (dense or paged: each 16
-// keys' first row; int8 rows as their bf16 products, converted once per block as above); Q.K packs one
+// keys' first row; int8 rows as their bf16 products and f32 rows as their bf16 words, converted once
+// per block as above); Q.K packs one
 // K panel of 32 keys at a time (pack_k, 8 KiB at H = 128, which stays in L1) and runs every row tile of
 // the group (the set's mr rows, groups of kPackedGroupRows) on it (qk_tile), then the softcap, softmax_tile
 // per row tile, the block's V packed once (pack_v) and pv_tile per row tile and h tile. The group runs
@@ -618,8 +619,10 @@ bool decode_packs_blocks(const Problem& p, const FlashKernels& k) {
 }
 
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype) {
-  // Packed blocks pack float rows from where they lie; int8 rows become their products first.
-  if (decode_packs_blocks(p, k)) return dtype == DType::i8;
+  // Packed blocks pack bf16 and f16 rows from where they lie; int8 rows become their products first,
+  // f32 rows their bf16 words (read whole, in order: packed from where they lie, T = 4 was 1.28x slower
+  // on a dense cache than converted in row groups; docs/performance.md, session 27).
+  if (decode_packs_blocks(p, k)) return dtype == DType::i8 || (dtype == DType::f32 && k.decode_rows_to_bf16 != nullptr);
   // f16/f32: more than one row group; int8: the set's decode_int8_convert_rows rows or more. Rows the set
   // converts: once per block, not once per group (see the top of the file).
   const std::int64_t groups = ceil_div(std::max<std::int64_t>(block_positions(p), 1), decode_positions(p, k));

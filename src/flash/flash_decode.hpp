@@ -33,8 +33,9 @@ constexpr std::int64_t kDecodeMaxGroupedRows = 128;
 bool flash_decode_row_groups_apply(const Problem& p, const FlashKernels& k);
 // Whether the decode path converts p's K or V rows of `dtype` to bf16 once per block on k
 // (decode_rows_to_bf16, decode_int8_rows_to_bf16; flash_decode.cpp): f16 and f32 rows where p's rows
-// take more than one row group and no packed blocks (decode_packs_blocks: those pack them as they lie),
-// int8 rows where a call has k.decode_int8_convert_rows rows or more (G T; amx 16, avx512bf16 32).
+// take more than one row group (on packed blocks, decode_packs_blocks, f32 rows only: f16 rows are
+// packed where they lie), int8 rows where a call has k.decode_int8_convert_rows rows or more (G T; amx
+// 16, avx512bf16 32).
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype);
 // Whether the decode path runs p on packed blocks on k (flash_decode.cpp): G T >= k.decode_packed_rows,
 // and for int8 K/V where k converts them (decode_int8_rows_to_bf16, G T >= k.decode_int8_convert_rows).
