@@ -31,28 +31,14 @@
 // (kvcache_int8_form(G, T, H)) on the bf16 tiles instead of the integers form's vector P.V, 4 rows at a
 // time, in every group (session 26, with the conversion on vcvtne2ps2bf16: T = 4 1.05-1.3x, T = 8
 // 1.45-1.65x, T = 16 1.3-1.6x faster at G = 4; at 8 rows, T = 2, the integers form stays 1.2x faster on
-// dense caches); on the avx512bf16 set, the packed blocks below.
+// dense caches); on the avx512bf16 set, the packed blocks (flash_decode_packed.cpp).
 // Where a group's P.V is one call (dense without the overlap, pages in one call per block, converted
 // rows), every group takes the keys the block's last row sees, and the calls tell the kernels that V
 // is the same as for the group before (DecodePv::keep_v, same_v): the amx tiles then pair V's rows
 // once per block (T = 16 1.09x faster, session 20).
 //
 // Packed blocks (a set with decode_packed_rows, avx512bf16: G*T >= 16 rows, so T >= 4 at G = 4): the
-// rows' kernels are the packed path's tiles, at the peak where the 8-row decode kernels ran near 60%
-// of it (their transpose-adds). Per block, the block's rows stay where they lie (dense or paged: each 16
-// keys' first row; int8 rows as their bf16 products and f32 rows as their bf16 words, converted once
-// per block as above); Q.K packs one
-// K panel of 32 keys at a time (pack_k, 8 KiB at H = 128, which stays in L1) and runs every row tile of
-// the group (the set's mr rows, groups of kPackedGroupRows) on it (qk_tile), then the softcap, softmax_tile
-// per row tile, the block's V packed once (pack_v) and pv_tile per row tile and h tile. The group runs
-// the whole block with no K/V stream under it, so its first group prefetches the next block's K and V
-// rows into L2, an even share before each panel and each pv_tile call (without: T = 4 1.3x, T = 8
-// 1.2x slower). The tiles' sums do not depend on where a block's rows lie or on the thread count, so
-// dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
-// decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster). Measured on
-// Zen 4 against the 8-row groups (docs/performance.md, session 27; S = 32768, K 8, G 4, 2 threads, the
-// same runs): bf16 T = 4 1.04x dense, 1.3-1.4x paged; T = 8 1.2x dense, 1.3-1.45x paged; T = 16
-// 1.25x dense, 1.4-1.5x paged; int8 T = 8 1.15-1.2x, T = 16 1.2-1.35x.
+// rows' kernels are the packed path's tiles, each block packed as it is used (flash_decode_packed.cpp).
 //
 // Paged K/V (KvPages): a block's kernel calls are cut at page boundaries, each piece a run of rows
 // inside one page at its own address. Pages under kGatherPagesBelow keys, and pages whose size is not
@@ -110,6 +96,7 @@
 #include "core/aligned_buffer.hpp"
 #include "core/dtype.hpp"
 #include "core/int_math.hpp"
+#include "flash/flash_decode_task.hpp"
 #include "flash/kv_splits.hpp"
 #include "flash/run_tasks.hpp"
 
@@ -117,24 +104,12 @@
 namespace flashgqa {
 namespace {
 
+using namespace decode_task;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::int64_t kDecodeBlockKeys = 512;  // bkv unless block_kv is set (see docs/performance.md)
 // Pages shorter than this go in one call per block (see for_each_piece).
 constexpr std::int64_t kGatherPagesBelow = 64;
-// Packed blocks: rows per group (the S and P tiles of a group: 64 x bkv).
-constexpr std::int64_t kPackedGroupRows = 64;
-
-struct Plan {
-  const FlashKernels* kern = nullptr;
-  const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
-  std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
-  std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
-  bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
-  bool one_call = false;  // pages go in one call per block (see for_each_piece)
-  bool packed = false;    // packed blocks: K and V packed per block for the tile kernels (see the top)
-  std::int64_t heads = 1;  // the most kv heads of a task group (paged; see the top of the file)
-  TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
-};
 
 // The positions of the longest q block: all T, or with packed sequences the longest sequence's (the
 // planner cuts q blocks at sequence boundaries: batched decode of many one-token sequences).
@@ -170,24 +145,6 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   return plan;
 }
 
-// Row s of kv head kh of a paged source (`base`: the cache's first element, `page_stride` and
-// `row_stride` in elements).
-const char* paged_row(const KvPages& pages, const void* base, DType dtype, std::int64_t page_stride,
-                      std::int64_t head_stride, std::int64_t row_stride, std::int64_t kh, std::int64_t s) {
-  const std::int64_t page = pages.table[s / pages.page_size];
-  return static_cast<const char*>(base) +
-         (page * page_stride + kh * head_stride + (s % pages.page_size) * row_stride) *
-             static_cast<std::int64_t>(dtype_size(dtype));
-}
-
-// Row s of kv head kh of batch entry b, K (is_k) or V, dense or paged.
-const void* key_row(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh,
-                    std::int64_t s) {
-  if (pages == nullptr) return is_k ? p.k_row(b, kh, s) : p.v_row(b, kh, s);
-  return is_k ? paged_row(*pages, p.k, p.k_dtype, pages->k_page_stride, p.k_stride[1], p.k_stride[2], kh, s)
-              : paged_row(*pages, p.v, p.v_dtype, pages->v_page_stride, p.v_stride[1], p.v_stride[2], kh, s);
-}
-
 static_assert(kPageAlign % kDecodePieceKeys == 0, "blocks start on a piece");
 // How many pieces ahead a gather prefetches.
 constexpr std::int64_t kPrefetchPieces = 2;
@@ -196,31 +153,12 @@ constexpr std::int64_t kNextPageBytes = 1024;
 // Overlap (see the top of the file): in pieces of this many keys.
 constexpr std::int64_t kOverlapKeys = 32;
 
-// Into L2 (prefetcht1), line by line: the row_bytes bytes at row.
-inline void prefetch_row(const char* row, std::int64_t row_bytes) {
-  for (std::int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
-}
-
 // Into L2: rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V (none when
 // n <= 0).
 void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
   for (std::int64_t j = s; j < std::min(s + n, p.S); ++j)
     prefetch_row(static_cast<const char*>(is_k ? p.k_row(b, kh, j) : p.v_row(b, kh, j)), row_bytes);
-}
-
-// Where a piece's keys' scales are (int8 K/V): the first key's, and the floats between keys.
-struct PieceScales {
-  const float* scale = nullptr;  // null: not int8
-  std::int64_t ld = 0;
-};
-
-// The scale of key s of kv head kh of batch entry (or page) b, for K or V.
-PieceScales key_scales(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s) {
-  const float* base = is_k ? p.k_scale : p.v_scale;
-  if (base == nullptr) return {};
-  const std::int64_t* st = is_k ? p.k_scale_stride : p.v_scale_stride;
-  return {base + b * st[0] + kh * st[1] + s * st[2], st[2]};
 }
 
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
@@ -242,21 +180,16 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   if (pages == nullptr) {
     const std::int64_t step = dense_piece > 0 ? dense_piece : n;
     for (std::int64_t j0 = 0; j0 < n; j0 += step)
-      f(j0, is_k ? p.k_row(b, kh, s0 + j0) : p.v_row(b, kh, s0 + j0), std::min(step, n - j0),
-        is_k ? p.k_stride[2] : p.v_stride[2], key_scales(p, is_k, b, kh, s0 + j0), nullptr);
+      f(j0, key_row(p, nullptr, is_k, b, kh, s0 + j0), std::min(step, n - j0), is_k ? p.k_stride[2] : p.v_stride[2],
+        key_scales(p, nullptr, is_k, b, kh, s0 + j0), nullptr);
     return;
   }
   const DType dtype = is_k ? p.k_dtype : p.v_dtype;
   const std::int64_t row_stride = is_k ? p.k_stride[2] : p.v_stride[2];
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(dtype));
   const bool gathered = gather != nullptr;
-  auto row_at = [&](std::int64_t s) {
-    return is_k ? paged_row(*pages, p.k, dtype, pages->k_page_stride, p.k_stride[1], row_stride, kh, s)
-                : paged_row(*pages, p.v, dtype, pages->v_page_stride, p.v_stride[1], row_stride, kh, s);
-  };
-  auto scales_at = [&](std::int64_t s) {
-    return key_scales(p, is_k, pages->table[s / pages->page_size], kh, s % pages->page_size);
-  };
+  auto row_at = [&](std::int64_t s) { return key_row(p, pages, is_k, b, kh, s); };
+  auto scales_at = [&](std::int64_t s) { return key_scales(p, pages, is_k, b, kh, s); };
   if (gathered && pieces != nullptr && (dtype == DType::bf16 || dtype == DType::i8)) {  // s0: a multiple of 16
     for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys) {
       pieces[j0 / kDecodePieceKeys] = row_at(s0 + j0);
@@ -308,50 +241,6 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
   if (gathered)
     f(0, gather, n, p.H, PieceScales{(is_k ? p.k_scale : p.v_scale) != nullptr ? gather_scales : nullptr, 1}, nullptr);
 }
-
-// Sized for the largest of the plans a call runs (one, or one per sequence of a KV-cache call).
-struct Workspace {
-  AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16, k_panels, v_panels,
-      k_pieces, v_pieces;
-  std::int64_t ld = 0;  // of S and P, in elements
-  std::int64_t M = 0;   // rows of each head's q, o, m, l and corr (heads of a task group one after another)
-  explicit Workspace(const std::vector<Plan>& plans) {
-    std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
-    std::int64_t panel_keys = 0;
-    for (const Plan& plan : plans) {
-      if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
-      M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
-      heads = std::max(heads, plan.heads);
-      ld = std::max(ld, padded_keys(plan.work.bkv));
-      if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
-      if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
-      // A block of f32 rows at most; none where both K and V are converted (never gathered).
-      if (plan.one_call && !(plan.convert_k && plan.convert_v))
-        gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
-        gather_keys = std::max(gather_keys, plan.work.bkv);
-    }
-    if (gather_bytes > 0) {
-      gather.reset(static_cast<std::size_t>(gather_bytes));
-      gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
-      pieces.reset(static_cast<std::size_t>(ceil_div(gather_keys, kDecodePieceKeys)) * sizeof(const void*));
-    }
-    if (panel_keys > 0) {
-      k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * 2));  // one K panel
-      v_panels.reset(static_cast<std::size_t>(panel_keys * Hp * 2));  // the block's V panels
-      for (AlignedBuffer* b : {&k_pieces, &v_pieces})
-        b->reset(static_cast<std::size_t>(panel_keys / kDecodePieceKeys) * sizeof(const void*));
-    }
-    if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
-    if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
-    q.reset(static_cast<std::size_t>(heads * M * Hp * 2));
-    o.reset(static_cast<std::size_t>(heads * M * Hp * 4));
-    for (AlignedBuffer* b : {&m, &l, &corr}) b->reset(static_cast<std::size_t>(heads * M * 4));
-    for (AlignedBuffer* b : {&lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
-    s.reset(static_cast<std::size_t>(R * ld * 4));
-    p.reset(static_cast<std::size_t>(R * ld * 2));
-    std::memset(s.data(), 0, s.bytes());
-  }
-};
 
 // One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
 // the block; block_seen the keys its last row sees; more: a group follows): S = scale Q K^T, the
@@ -429,97 +318,6 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
   v_kept = shares && more;
 }
 
-// Packed blocks: where each 16 keys of the block [s0, s0 + n) lie, K's and V's (dense or paged; int8
-// rows: their bf16 products, converted).
-void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t s0, std::int64_t n,
-                  Workspace& w) {
-  for (const bool is_k : {true, false}) {
-    const void** pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>();
-    const bool convert = is_k ? plan.convert_k : plan.convert_v;
-    const std::uint16_t* converted = convert ? (is_k ? w.k_bf16 : w.v_bf16).as<std::uint16_t>() : nullptr;
-    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys)
-      pieces[j0 / kDecodePieceKeys] = converted != nullptr ? converted + j0 * plan.Hp
-                                                           : key_row(p, plan.pages, is_k, task.b, task.kh, s0 + j0);
-  }
-}
-
-// Packed blocks: rows [r0, r0 + R) of a task against the block's keys [s0, s0 + n) (n: the keys its last
-// row sees, block_pieces' rows), in row tiles of the set's mr:
-//   S = scale Q K^T a panel of 32 keys at a time, each packed (pack_k, 8 KiB at H = 128: it stays in
-//   L1) and then taken by every row tile;
-//   the softcap; the online softmax (softmax_tile);
-//   O = O corr + P V, the block's V packed once (pack_v), then every row tile and h tile (pv_tile).
-// The first group also fetches the next block's rows into L2 (see the top of the file).
-void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
-                      std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
-  const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld;
-  const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
-  const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
-  if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block
-  const std::int64_t hr = head * w.M + r0;
-  const auto* q = w.q.as<std::uint16_t>() + hr * Hp;
-  float* o = w.o.as<float>() + hr * Hp;
-  float* s = w.s.as<float>();
-  auto* pt = w.p.as<std::uint16_t>();
-  auto* kp = w.k_panels.as<std::uint16_t>();
-  auto* vp = w.v_panels.as<std::uint16_t>();
-  const std::int64_t mr = kern.mr, row_tiles = ceil_div(R, mr), h_tiles = Hp / kHTile;
-  const auto tile_rows = [&](std::int64_t t) { return static_cast<int>(std::min(mr, R - t)); };
-  // Keys [j, j + len) of the block packed at dst (K panels or V panels).
-  const auto pack = [&](bool is_k, std::int64_t j, std::int64_t len, void* dst) {
-    const bool converted = is_k ? plan.convert_k : plan.convert_v;
-    PackSource src{nullptr, converted ? DType::bf16 : is_k ? p.k_dtype : p.v_dtype,
-                   converted ? Hp : is_k ? p.k_stride[2] : p.v_stride[2], len, p.H, Hp, true};
-    src.pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>() + j / kDecodePieceKeys;
-    (is_k ? kern.pack_k : kern.pack_v)(dst, src);
-  };
-  // The next block's rows, K's then V's, an even share before each panel's and each P.V call's work.
-  const std::int64_t next = s0 + plan.work.bkv;
-  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(task.keys.end - next, 0, plan.work.bkv) : 0;
-  const std::int64_t steps = npad / kPanelKeys + row_tiles * h_tiles;
-  std::int64_t step = 0;
-  // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
-  // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
-  // 1.15x, T = 8 1.15x.)
-  const auto fetch_share = [&] {
-    const std::int64_t a = ceil_div(2 * next_n * step, steps), b = ceil_div(2 * next_n * (step + 1), steps);
-    ++step;
-    for (std::int64_t i = a; i < b; ++i) {
-      const bool is_k = i < next_n;
-      const std::int64_t key = next + (is_k ? i : i - next_n);
-      prefetch_row(static_cast<const char*>(key_row(p, plan.pages, is_k, task.b, task.kh, key)),
-                   p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype)));
-      if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr) {
-        const std::int64_t page =
-            plan.pages == nullptr ? task.b : plan.pages->table[key / plan.pages->page_size];
-        const std::int64_t row = plan.pages == nullptr ? key : key % plan.pages->page_size;
-        __builtin_prefetch(key_scales(p, is_k, page, task.kh, row).scale, 0, 2);
-      }
-    }
-  };
-  for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
-    fetch_share();
-    pack(true, c, std::min<std::int64_t>(kPanelKeys, n - c), kp);
-    for (std::int64_t t = 0; t < R; t += mr)
-      kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
-  }
-  if (p.softcap != 0.0f)
-    for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
-  bool moved[kPackedGroupRows];  // per row tile: some row's max moved (pv_tile rescales its O rows)
-  for (std::int64_t t = 0; t < R; t += mr)
-    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t,
-                                       w.l.as<float>() + hr + t, w.corr.as<float>() + hr + t, lo + t, hi + t, npad,
-                                       tile_rows(t), true});
-  pack(false, 0, n, vp);
-  for (std::int64_t t = 0; t < R; t += mr)
-    for (std::int64_t h = 0; h < Hp; h += kHTile) {
-      fetch_share();
-      kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk,
-                    moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr, tile_rows(t)});
-    }
-}
-
 // Keys [s0, s0 + n) of the task's K (is_k) or V rows as bf16 words at dst, Hp per key (page by page,
 // without a gather copy).
 void rows_to_bf16(const Problem& p, const Plan& plan, const FlashTask& task, bool is_k, std::int64_t s0,
@@ -593,6 +391,48 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
 }
 
 }  // namespace
+
+namespace decode_task {
+
+// Sized for the largest of the plans (flash_decode_task.hpp).
+Workspace::Workspace(const std::vector<Plan>& plans) {
+  std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
+  std::int64_t panel_keys = 0;
+  for (const Plan& plan : plans) {
+    if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
+    M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
+    heads = std::max(heads, plan.heads);
+    ld = std::max(ld, padded_keys(plan.work.bkv));
+    if (plan.convert_k) k_bf16_bytes = std::max(k_bf16_bytes, plan.work.bkv * plan.Hp * 2);
+    if (plan.convert_v) v_bf16_bytes = std::max(v_bf16_bytes, plan.work.bkv * plan.Hp * 2);
+    // A block of f32 rows at most; none where both K and V are converted (never gathered).
+    if (plan.one_call && !(plan.convert_k && plan.convert_v))
+      gather_bytes = std::max(gather_bytes, plan.work.bkv * plan.Hp * 4),
+      gather_keys = std::max(gather_keys, plan.work.bkv);
+  }
+  if (gather_bytes > 0) {
+    gather.reset(static_cast<std::size_t>(gather_bytes));
+    gather_scales.reset(static_cast<std::size_t>(gather_keys * 4));
+    pieces.reset(static_cast<std::size_t>(ceil_div(gather_keys, kDecodePieceKeys)) * sizeof(const void*));
+  }
+  if (panel_keys > 0) {
+    k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * 2));  // one K panel
+    v_panels.reset(static_cast<std::size_t>(panel_keys * Hp * 2));  // the block's V panels
+    for (AlignedBuffer* b : {&k_pieces, &v_pieces})
+      b->reset(static_cast<std::size_t>(panel_keys / kDecodePieceKeys) * sizeof(const void*));
+  }
+  if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
+  if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
+  q.reset(static_cast<std::size_t>(heads * M * Hp * 2));
+  o.reset(static_cast<std::size_t>(heads * M * Hp * 4));
+  for (AlignedBuffer* b : {&m, &l, &corr}) b->reset(static_cast<std::size_t>(heads * M * 4));
+  for (AlignedBuffer* b : {&lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
+  s.reset(static_cast<std::size_t>(R * ld * 4));
+  p.reset(static_cast<std::size_t>(R * ld * 2));
+  std::memset(s.data(), 0, s.bytes());
+}
+
+}  // namespace decode_task
 
 std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t tasks, int threads) {
   const std::int64_t state = M * Hp * 6 + M * 12;  // q (bf16), O, m, l, corr

@@ -1,0 +1,119 @@
+// Packed blocks: the decode path's tasks (flash_decode.cpp) on a set with decode_packed_rows
+// (avx512bf16) for calls of G*T >= that many rows (16: T >= 4 at G = 4). The rows' kernels are the packed
+// path's tiles (qk_tile, softmax_tile, pv_tile), at the peak where the 8-row decode kernels ran near 60%
+// of it (their transpose-adds).
+//
+// Per block (bkv keys), in groups of up to kPackedGroupRows rows (the S and P tiles of a group):
+//   - the block's rows stay where they lie, dense or paged: block_pieces gives the packers each 16
+//     keys' first row (int8 rows as their bf16 products, f32 rows as their bf16 words: converted once
+//     per block by flash_decode.cpp);
+//   - Q.K packs one K panel of 32 keys at a time (pack_k, 8 KiB at H = 128, which stays in L1) and runs
+//     every row tile of the group (the set's mr rows) on it (qk_tile);
+//   - the softcap, then softmax_tile per row tile;
+//   - the block's V packed once (pack_v), then pv_tile per row tile and h tile.
+// The group runs the whole block with no K/V stream under it, so its first group prefetches the next
+// block's K and V rows into L2, an even share before each panel and each pv_tile call (without: T = 4
+// 1.3x, T = 8 1.2x slower). The tiles' sums do not depend on where a block's rows lie or on the thread
+// count, so dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
+// decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster).
+//
+// Measured on Zen 4 against the 8-row groups (docs/performance.md, session 27; S = 32768, K 8, G 4, 2
+// threads, the same runs): bf16 T = 4 1.04x dense, 1.3-1.4x paged; T = 8 1.2x dense, 1.3-1.45x paged;
+// T = 16 1.25x dense, 1.4-1.5x paged; int8 T = 8 1.15-1.2x, T = 16 1.2-1.35x.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/int_math.hpp"
+#include "flash/flash_decode_task.hpp"
+
+namespace flashgqa::decode_task {
+
+// Where each 16 keys of the block [s0, s0 + n) lie, K's and V's (dense or paged; int8 rows: their bf16
+// products, f32 rows their bf16 words, converted).
+void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t s0, std::int64_t n,
+                  Workspace& w) {
+  for (const bool is_k : {true, false}) {
+    const void** pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>();
+    const bool convert = is_k ? plan.convert_k : plan.convert_v;
+    const std::uint16_t* converted = convert ? (is_k ? w.k_bf16 : w.v_bf16).as<std::uint16_t>() : nullptr;
+    for (std::int64_t j0 = 0; j0 < n; j0 += kDecodePieceKeys)
+      pieces[j0 / kDecodePieceKeys] =
+          converted != nullptr ? static_cast<const void*>(converted + j0 * plan.Hp)
+                               : static_cast<const void*>(key_row(p, plan.pages, is_k, task.b, task.kh, s0 + j0));
+  }
+}
+
+// Rows [r0, r0 + R) of a task against the block's keys [s0, s0 + n) (n: the keys its last row sees,
+// block_pieces' rows), in row tiles of the set's mr:
+//   S = scale Q K^T a panel of 32 keys at a time, each packed (pack_k, 8 KiB at H = 128: it stays in
+//   L1) and then taken by every row tile;
+//   the softcap; the online softmax (softmax_tile);
+//   O = O corr + P V, the block's V packed once (pack_v), then every row tile and h tile (pv_tile).
+// The first group also fetches the next block's rows into L2 (see the top of the file).
+void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
+                      std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
+  const FlashKernels& kern = *plan.kern;
+  const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld;
+  const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
+  const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
+  if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block
+  const std::int64_t hr = head * w.M + r0;
+  const auto* q = w.q.as<std::uint16_t>() + hr * Hp;
+  float* o = w.o.as<float>() + hr * Hp;
+  float* s = w.s.as<float>();
+  auto* pt = w.p.as<std::uint16_t>();
+  auto* kp = w.k_panels.as<std::uint16_t>();
+  auto* vp = w.v_panels.as<std::uint16_t>();
+  const std::int64_t mr = kern.mr, row_tiles = ceil_div(R, mr), h_tiles = Hp / kHTile;
+  const auto tile_rows = [&](std::int64_t t) { return static_cast<int>(std::min(mr, R - t)); };
+  // Keys [j, j + len) of the block packed at dst (K panels or V panels).
+  const auto pack = [&](bool is_k, std::int64_t j, std::int64_t len, void* dst) {
+    const bool converted = is_k ? plan.convert_k : plan.convert_v;
+    PackSource src{nullptr, converted ? DType::bf16 : is_k ? p.k_dtype : p.v_dtype,
+                   converted ? Hp : is_k ? p.k_stride[2] : p.v_stride[2], len, p.H, Hp, true};
+    src.pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>() + j / kDecodePieceKeys;
+    (is_k ? kern.pack_k : kern.pack_v)(dst, src);
+  };
+  // The next block's rows, K's then V's, an even share before each panel's and each P.V call's work.
+  const std::int64_t next = s0 + plan.work.bkv;
+  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(task.keys.end - next, 0, plan.work.bkv) : 0;
+  const std::int64_t steps = npad / kPanelKeys + row_tiles * h_tiles;
+  std::int64_t step = 0;
+  // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
+  // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
+  // 1.15x, T = 8 1.15x.)
+  const auto fetch_share = [&] {
+    const std::int64_t a = ceil_div(2 * next_n * step, steps), b = ceil_div(2 * next_n * (step + 1), steps);
+    ++step;
+    for (std::int64_t i = a; i < b; ++i) {
+      const bool is_k = i < next_n;
+      const std::int64_t key = next + (is_k ? i : i - next_n);
+      prefetch_row(key_row(p, plan.pages, is_k, task.b, task.kh, key),
+                   p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype)));
+      if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
+        __builtin_prefetch(key_scales(p, plan.pages, is_k, task.b, task.kh, key).scale, 0, 2);
+    }
+  };
+  for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
+    fetch_share();
+    pack(true, c, std::min<std::int64_t>(kPanelKeys, n - c), kp);
+    for (std::int64_t t = 0; t < R; t += mr)
+      kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
+  }
+  if (p.softcap != 0.0f)
+    for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
+  bool moved[kPackedGroupRows];  // per row tile: some row's max moved (pv_tile rescales its O rows)
+  for (std::int64_t t = 0; t < R; t += mr)
+    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t,
+                                       w.l.as<float>() + hr + t, w.corr.as<float>() + hr + t, lo + t, hi + t, npad,
+                                       tile_rows(t), true});
+  pack(false, 0, n, vp);
+  for (std::int64_t t = 0; t < R; t += mr)
+    for (std::int64_t h = 0; h < Hp; h += kHTile) {
+      fetch_share();
+      kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk,
+                    moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr, tile_rows(t)});
+    }
+}
+
+}  // namespace flashgqa::decode_task
