@@ -328,4 +328,11 @@ void attention_with_kvcache(const TensorView& out, const TensorView& lse, const 
 void linear_attention(const TensorView& out, const TensorView& q, const TensorView& k,
                       const TensorView& v, const Options& options = {});
 
+// Workspace memory: every call allocates its threads' scratch (and the packed path its packed K/V) and
+// frees it at its end. Blocks of 64 KiB or more are kept for the next calls, up to 64 MiB in all (the
+// oldest handed back first; a larger block is handed back at once): short calls, decode above all, then
+// skip a page fault per 4 KiB of fresh memory (docs/performance.md, session 28). Safe from any thread.
+// This hands every kept block back to the system now, returning how many bytes they held.
+std::size_t free_workspace_cache();
+
 }  // namespace flashgqa

@@ -32,8 +32,8 @@ import numpy as np
 
 from . import _flashgqa
 
-__all__ = ["attention", "attention_backward", "attention_with_kvcache", "kvcache_int8_form",
-           "linear_attention", "quantize_kv"]
+__all__ = ["attention", "attention_backward", "attention_with_kvcache", "free_workspace_cache",
+           "kvcache_int8_form", "linear_attention", "quantize_kv"]
 
 _FLOAT_DTYPES = _flashgqa.DTYPE_NAMES  # the library's: ("float32", "bfloat16", "float16")
 
@@ -415,6 +415,15 @@ def quantize_kv(x):
     sc, sc_arg = _empty_like_kind(xi, xi.shape[:-1], "float32")
     _flashgqa.quantize_kv(xi.arg, x8_arg, sc_arg)
     return _finish(xi, x8), _finish(xi, sc)
+
+
+def free_workspace_cache():
+    """Hands back to the system the workspace memory flashgqa keeps between calls, and returns its
+    size in bytes. Every call's scratch blocks of 64 KiB or more are kept for the next calls, up to 64
+    MiB in all (the oldest handed back first), so that short calls (decode above all) do not fault in
+    fresh pages each time; this releases them now (a later call allocates again). Safe from any
+    thread."""
+    return int(_flashgqa.free_workspace_cache())
 
 
 def kvcache_int8_form(G=None, T=None, H=None):

@@ -341,6 +341,8 @@ NB_MODULE(_flashgqa, m) {
         [](std::int64_t G, std::int64_t T, std::int64_t H) { return std::string(flashgqa::kvcache_int8_form(G, T, H)); },
         nb::arg("G"), nb::arg("T"), nb::arg("H"),
         "The form a call of G query heads per kv head, T new tokens and head size H takes.");
+  m.def("free_workspace_cache", [] { return static_cast<std::uint64_t>(flashgqa::free_workspace_cache()); },
+        "Hands the workspace blocks kept across calls (up to 64 MiB) back to the system; returns their bytes.");
   m.def("_views", &views, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out").none() = nb::none(), nb::arg("lse").none() = nb::none(),
         "The views (data pointer, dtype, shape, strides in elements) attention() would pass to the "

@@ -1,5 +1,6 @@
 """Many Python threads calling the library at once: on shared and on separate inputs, every result
-equals the single-call result bit for bit (forward, lse and backward), across algorithms."""
+equals the single-call result bit for bit (forward, lse and backward), across algorithms; decode calls
+with the workspace cache handed back between them (free_workspace_cache)."""
 import threading
 
 import ml_dtypes
@@ -74,3 +75,38 @@ def test_separate_outputs_of_one_input():
     expected = flashgqa.attention(q, k, v)
     run_concurrently([lambda o=o: flashgqa.attention(q, k, v, out=o) for o in outs])
     assert all(np.array_equal(o.view(np.uint16), expected.view(np.uint16)) for o in outs)
+
+
+def decode_case(seed, T):
+    """A KV-cache call whose workspaces are kept between calls (blocks of 64 KiB or more)."""
+    rng = np.random.default_rng(seed)
+    B, K, G, H, S = 2, 2, 4, 128, 1500
+    q = rng.standard_normal((B, K, G, T, H), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    kc = rng.standard_normal((B, K, S, H), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    vc = rng.standard_normal((B, K, S, H), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    lens = np.array([S, S - 333], dtype=np.int32)
+    return lambda: (flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=lens, threads=2),)
+
+
+def test_workspace_cache_is_kept_and_handed_back():
+    call = decode_case(20, 16)
+    flashgqa.free_workspace_cache()
+    expected = call()
+    kept = flashgqa.free_workspace_cache()
+    assert kept >= 64 * 1024  # the call's workspaces came back to the cache
+    assert flashgqa.free_workspace_cache() == 0
+    assert same_bits(call(), expected)  # on fresh blocks
+    assert same_bits(call(), expected)  # on kept ones
+
+
+def test_decode_calls_and_cache_release_at_once():
+    calls = [decode_case(30 + i, T=1 + 5 * i) for i in range(N_THREADS - 2)]
+    expected = [c() for c in calls]
+
+    def release():
+        for _ in range(20):
+            flashgqa.free_workspace_cache()
+        return ()
+
+    results = run_concurrently(calls + [release, release])
+    assert all(same_bits(r, e) for r, e in zip(results, expected))

@@ -1,9 +1,9 @@
-// A 64-byte aligned, uninitialised heap buffer (cache-line and zmm aligned), for workspaces.
+// A 64-byte aligned, uninitialised heap buffer (cache-line and zmm aligned), for workspaces. Blocks of
+// kCachedBlockMinBytes or more are kept across calls (workspace_cache.hpp).
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
-#include <new>
+#include "core/workspace_cache.hpp"
 
 namespace flashgqa {
 
@@ -21,7 +21,7 @@ class AlignedBuffer {
   }
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
     if (this != &o) {
-      std::free(data_);
+      workspace_free(data_, bytes_);
       data_ = o.data_;
       bytes_ = o.bytes_;
       o.data_ = nullptr;
@@ -29,16 +29,17 @@ class AlignedBuffer {
     }
     return *this;
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() { workspace_free(data_, bytes_); }
 
   // Reallocates to at least `bytes` (contents lost).
   void reset(std::size_t bytes) {
-    std::free(data_);
+    workspace_free(data_, bytes_);
     data_ = nullptr;
-    bytes_ = (bytes + kAlign - 1) / kAlign * kAlign;
-    if (bytes_ == 0) return;
-    data_ = std::aligned_alloc(kAlign, bytes_);
-    if (data_ == nullptr) throw std::bad_alloc();
+    bytes_ = 0;
+    const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (rounded == 0) return;
+    data_ = workspace_alloc(rounded);  // (throws std::bad_alloc, leaving the buffer empty)
+    bytes_ = rounded;
   }
 
   template <typename T>
