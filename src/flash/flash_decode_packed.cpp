@@ -12,8 +12,9 @@
 //   - the softcap, then softmax_tile per row tile;
 //   - the block's V packed once (pack_v), then pv_tile per row tile and h tile.
 // The group runs the whole block with no K/V stream under it, so its first group prefetches the next
-// block's K and V rows into L2, an even share before each panel and each pv_tile call (without: T = 4
-// 1.3x, T = 8 1.2x slower). The tiles' sums do not depend on where a block's rows lie or on the thread
+// block's K and V rows into L2, an even share before each qk_tile and each pv_tile call (without: T = 4
+// 1.3x, T = 8 1.2x slower; a share per K panel instead of per qk_tile call, session 27, was up to 1.03x
+// slower, session 28). The tiles' sums do not depend on where a block's rows lie or on the thread
 // count, so dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
 // decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster).
 //
@@ -74,10 +75,10 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
     src.pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>() + j / kDecodePieceKeys;
     (is_k ? kern.pack_k : kern.pack_v)(dst, src);
   };
-  // The next block's rows, K's then V's, an even share before each panel's and each P.V call's work.
+  // The next block's rows, K's then V's, an even share before each tile call.
   const std::int64_t next = s0 + plan.work.bkv;
   const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(task.keys.end - next, 0, plan.work.bkv) : 0;
-  const std::int64_t steps = npad / kPanelKeys + row_tiles * h_tiles;
+  const std::int64_t steps = npad / kPanelKeys * row_tiles + row_tiles * h_tiles;
   std::int64_t step = 0;
   // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
   // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
@@ -95,10 +96,9 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
     }
   };
   for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
-    fetch_share();
     pack(true, c, std::min<std::int64_t>(kPanelKeys, n - c), kp);
     for (std::int64_t t = 0; t < R; t += mr)
-      kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
+      fetch_share(), kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
   }
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
