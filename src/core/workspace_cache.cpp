@@ -47,18 +47,14 @@ void* new_block(std::size_t bytes) {
 
 // A kept block is off limits under AddressSanitizer (a use after its buffer freed it is reported, as
 // without the cache) until it is handed out or freed.
-void keep(const Block& b) {
+void mark_kept(const Block& b, bool kept) {
 #ifdef FLASHGQA_ASAN
-  ASAN_POISON_MEMORY_REGION(b.data, b.bytes);
+  if (kept)
+    ASAN_POISON_MEMORY_REGION(b.data, b.bytes);
+  else
+    ASAN_UNPOISON_MEMORY_REGION(b.data, b.bytes);
 #else
-  (void)b;
-#endif
-}
-void unkeep(const Block& b) {
-#ifdef FLASHGQA_ASAN
-  ASAN_UNPOISON_MEMORY_REGION(b.data, b.bytes);
-#else
-  (void)b;
+  (void)b, (void)kept;
 #endif
 }
 
@@ -85,7 +81,7 @@ void* workspace_alloc(std::size_t bytes) {
         best = i;
     if (best < c.kept.size()) {
       void* data = c.kept[best].data;
-      unkeep(c.kept[best]);
+      mark_kept(c.kept[best], false);
       c.bytes -= c.kept[best].bytes;
       c.kept.erase(c.kept.begin() + static_cast<std::ptrdiff_t>(best));
       return handed_out(data, bytes);
@@ -106,13 +102,13 @@ void workspace_free(void* block, std::size_t bytes) noexcept {
   }
   std::size_t n = 0;  // the oldest blocks, freed to make room
   for (; c.bytes + bytes > kWorkspaceCacheBytes; ++n) {
-    unkeep(c.kept[n]);
+    mark_kept(c.kept[n], false);
     std::free(c.kept[n].data);
     c.bytes -= c.kept[n].bytes;
   }
   c.kept.erase(c.kept.begin(), c.kept.begin() + static_cast<std::ptrdiff_t>(n));
   c.kept.push_back({block, bytes});
-  keep(c.kept.back());
+  mark_kept(c.kept.back(), true);
   c.bytes += bytes;
 }
 
@@ -131,7 +127,7 @@ std::size_t free_workspace_cache() {
     c.bytes = 0;
   }
   std::size_t bytes = 0;
-  for (const Block& b : kept) unkeep(b), std::free(b.data), bytes += b.bytes;
+  for (const Block& b : kept) mark_kept(b, false), std::free(b.data), bytes += b.bytes;
   return bytes;
 }
 
