@@ -1,9 +1,9 @@
 // Workspace blocks kept across calls. A decode call of a few milliseconds allocates its threads'
 // workspaces (S, P, the packed V, O and the split partials: hundreds of KiB a thread) and frees them at
 // its end; blocks that large come from fresh pages each time (glibc maps them), so every call paid a
-// page fault per 4 KiB, serially in the calling thread, and on two threads a second thread's faults
-// waited on the first's (docs/performance.md, session 28: S = 2048, T = 16 2.5 -> 1.9 ms, T = 1 0.185 ->
-// 0.164 ms with them reused). AlignedBuffer takes its blocks of kCachedBlockMinBytes or more from here.
+// page fault per 4 KiB (perf, 2 threads, a 2 ms call: 12% of the time in the kernel). Kept, a decode step of 2048 keys at T = 16 took 1.7-2.0 ms instead of 2.2-2.7,
+// and T = 16 at 32768 keys 27.1-28.0 instead of 29.2-33.8 (docs/performance.md, session 28, 2 Zen 4
+// cores). AlignedBuffer takes its blocks of kCachedBlockMinBytes or more from here.
 //
 // A freed block is kept (most recent last) while the blocks kept total at most kWorkspaceCacheBytes;
 // the oldest go first to make room, and a block larger than that is freed at once. An allocation takes

@@ -158,7 +158,7 @@ constexpr std::int64_t kOverlapKeys = 32;
 void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
   for (std::int64_t j = s; j < std::min(s + n, p.S); ++j)
-    prefetch_row(static_cast<const char*>(is_k ? p.k_row(b, kh, j) : p.v_row(b, kh, j)), row_bytes);
+    prefetch_row(key_row(p, nullptr, is_k, b, kh, j), row_bytes);
 }
 
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
