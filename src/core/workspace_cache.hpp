@@ -1,9 +1,10 @@
 // Workspace blocks kept across calls. A decode call of a few milliseconds allocates its threads'
 // workspaces (S, P, the packed V, O and the split partials: hundreds of KiB a thread) and frees them at
 // its end; blocks that large come from fresh pages each time (glibc maps them), so every call paid a
-// page fault per 4 KiB (perf, 2 threads, a 2 ms call: 12% of the time in the kernel). Kept, a decode step of 2048 keys at T = 16 took 1.7-2.0 ms instead of 2.2-2.7,
-// and T = 16 at 32768 keys 27.1-28.0 instead of 29.2-33.8 (docs/performance.md, session 28, 2 Zen 4
-// cores). AlignedBuffer takes its blocks of kCachedBlockMinBytes or more from here.
+// page fault per 4 KiB (perf, 2 threads, a 2 ms call: 12% of the time in the kernel). Kept, a decode
+// step of 2048 keys at T = 16 took 1.7-2.0 ms instead of 2.2-2.7, and T = 16 at 32768 keys 27.1-28.0
+// instead of 29.2-33.8 (docs/performance.md, session 28, 2 Zen 4 cores). AlignedBuffer takes its
+// blocks of kCachedBlockMinBytes or more from here.
 //
 // A freed block is kept (most recent last) while the blocks kept total at most kWorkspaceCacheBytes;
 // the oldest go first to make room, and a block larger than that is freed at once. An allocation takes
@@ -13,7 +14,8 @@
 //
 // A block's contents are undefined, as with any allocation. In sanitizer builds
 // (FLASHGQA_POISON_WORKSPACES) every block handed out is first filled with 0xff bytes (a NaN in every
-// float and bf16), so that code that reads workspace it never wrote fails the tests, fresh block or kept.
+// float and bf16), so that code that reads workspace it never wrote fails the tests, fresh block or kept;
+// under AddressSanitizer a kept block is poisoned, so a use of a buffer after its end is still reported.
 #pragma once
 
 #include <cstddef>

@@ -115,9 +115,9 @@ TEST_F(WorkspaceCache, ThreadsNeverShareABlock) {
         std::memset(a.data(), mark, a.bytes());
         std::memset(b.data(), mark + 1, b.bytes());
         std::this_thread::yield();
-        for (std::size_t i = 0; i < a.bytes(); i += 997) bad[static_cast<std::size_t>(t)] += a.as<unsigned char>()[i] != mark;
-        for (std::size_t i = 0; i < b.bytes(); i += 997)
-          bad[static_cast<std::size_t>(t)] += b.as<unsigned char>()[i] != mark + 1;
+        int& errors = bad[static_cast<std::size_t>(t)];
+        for (std::size_t i = 0; i < a.bytes(); i += 997) errors += a.as<unsigned char>()[i] != mark;
+        for (std::size_t i = 0; i < b.bytes(); i += 997) errors += b.as<unsigned char>()[i] != mark + 1;
       }
     });
   for (std::thread& th : threads) th.join();
