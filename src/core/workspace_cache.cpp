@@ -6,6 +6,8 @@
 #include <new>
 #include <vector>
 
+#include <pthread.h>
+
 #include "flashgqa/flashgqa.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -33,10 +35,20 @@ struct Cache {
   std::size_t bytes = 0;    // of the kept blocks
 };
 
+Cache* make_cache();
+
 // Never destroyed: buffers freed during static destruction still find it.
 Cache& cache() {
-  static Cache* c = new Cache;
+  static Cache* c = make_cache();
   return *c;
+}
+
+// fork() while another thread holds the lock would leave it held in the child for good: the lock is
+// taken around fork and released on both sides (the forking thread holds it, in the child too).
+Cache* make_cache() {
+  auto* c = new Cache;
+  pthread_atfork([] { cache().mutex.lock(); }, [] { cache().mutex.unlock(); }, [] { cache().mutex.unlock(); });
+  return c;
 }
 
 void* new_block(std::size_t bytes) {

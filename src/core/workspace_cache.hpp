@@ -9,8 +9,9 @@
 // A freed block is kept (most recent last) while the blocks kept total at most kWorkspaceCacheBytes;
 // the oldest go first to make room, and a block larger than that is freed at once. An allocation takes
 // the smallest kept block of at least its size and at most twice it, else a new one. Any thread may
-// allocate and free (one mutex; a call allocates a few blocks, not one per task). free_workspace_cache()
-// (flashgqa.hpp) hands every kept block back.
+// allocate and free (one mutex; a call allocates a few blocks, not one per task), and fork while others
+// do (the mutex is taken around fork: pthread_atfork). free_workspace_cache() (flashgqa.hpp) hands
+// every kept block back.
 //
 // A block's contents are undefined, as with any allocation. In sanitizer builds
 // (FLASHGQA_POISON_WORKSPACES) every block handed out is first filled with 0xff bytes (a NaN in every

@@ -8,6 +8,11 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+
 #include "core/aligned_buffer.hpp"
 #include "flashgqa/flashgqa.hpp"
 
@@ -123,6 +128,35 @@ TEST_F(WorkspaceCache, ThreadsNeverShareABlock) {
   for (std::thread& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[static_cast<std::size_t>(t)], 0) << "thread " << t;
   EXPECT_LE(workspace_cache_bytes(), kWorkspaceCacheBytes);
+}
+
+
+// A child forked while another thread holds the cache's lock still allocates (the lock is taken
+// around fork and released on both sides): each child takes and frees a kept-size block, and a child
+// that hung would be killed by its alarm.
+TEST_F(WorkspaceCache, ForkWhileAnotherThreadAllocates) {
+  std::atomic<bool> stop{false};
+  std::thread busy([&stop] {
+    while (!stop.load()) {
+      AlignedBuffer a(128 * kKiB), b(96 * kKiB);
+    }
+  });
+  int failures = 0;
+  for (int i = 0; i < 40; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      alarm(5);
+      { AlignedBuffer a(128 * kKiB), b(2 * kMiB); }
+      _exit(workspace_cache_bytes() >= 128 * kKiB ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  stop = true;
+  busy.join();
+  EXPECT_EQ(failures, 0);
 }
 
 }  // namespace
