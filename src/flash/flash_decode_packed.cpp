@@ -83,14 +83,15 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
   // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
   // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
   // 1.15x, T = 8 1.15x.)
+  const std::int64_t k_row_bytes = p.H * static_cast<std::int64_t>(dtype_size(p.k_dtype)),
+                     v_row_bytes = p.H * static_cast<std::int64_t>(dtype_size(p.v_dtype));
   const auto fetch_share = [&] {
     const std::int64_t a = ceil_div(2 * next_n * step, steps), b = ceil_div(2 * next_n * (step + 1), steps);
     ++step;
     for (std::int64_t i = a; i < b; ++i) {
       const bool is_k = i < next_n;
       const std::int64_t key = next + (is_k ? i : i - next_n);
-      prefetch_row(key_row(p, plan.pages, is_k, task.b, task.kh, key),
-                   p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype)));
+      prefetch_row(key_row(p, plan.pages, is_k, task.b, task.kh, key), is_k ? k_row_bytes : v_row_bytes);
       if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
         __builtin_prefetch(key_scales(p, plan.pages, is_k, task.b, task.kh, key).scale, 0, 2);
     }

@@ -233,6 +233,7 @@ inline const void* packed_key_row(const PackSource& s, std::int64_t j, std::int6
     return static_cast<const char*>(s.pieces[j / kDecodePieceKeys]) + (j % kDecodePieceKeys) * s.ld * esize;
   return static_cast<const char*>(s.src) + j * s.ld * esize;
 }
+
 constexpr int kAmxDecodeMaxRows = 16;
 // Keys per step of the amx set's P.V tiles: one tdpbf16ps sums 32 keys (FlashKernels::decode_pv_step_keys).
 constexpr int kAmxDecodePvKeys = 32;
