@@ -397,9 +397,11 @@ namespace decode_task {
 // Sized for the largest of the plans (flash_decode_task.hpp).
 Workspace::Workspace(const std::vector<Plan>& plans) {
   std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
-  std::int64_t panel_keys = 0;
+  std::int64_t panel_keys = 0, v_panel_keys = 0;
   for (const Plan& plan : plans) {
     if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
+    if (plan.packed && plan.kern->pv_tile_rows == nullptr)  // else P.V reads V's rows where they lie
+      v_panel_keys = std::max(v_panel_keys, padded_keys(plan.work.bkv));
     M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
     heads = std::max(heads, plan.heads);
     ld = std::max(ld, padded_keys(plan.work.bkv));
@@ -417,7 +419,7 @@ Workspace::Workspace(const std::vector<Plan>& plans) {
   }
   if (panel_keys > 0) {
     k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * 2));  // one K panel
-    v_panels.reset(static_cast<std::size_t>(panel_keys * Hp * 2));  // the block's V panels
+    if (v_panel_keys > 0) v_panels.reset(static_cast<std::size_t>(v_panel_keys * Hp * 2));  // the block's V panels
     for (AlignedBuffer* b : {&k_pieces, &v_pieces})
       b->reset(static_cast<std::size_t>(panel_keys / kDecodePieceKeys) * sizeof(const void*));
   }

@@ -244,6 +244,7 @@ const FlashKernels& amx_kernels() {
     s.mr = kMR;
     s.qk_tile = qk_tile_32x32;
     s.pv_tile = pv_tile_32x32;
+    s.pv_tile_rows = nullptr;  // avx512bf16's gives the bits of its own pv_tile, not the tiles'
     s.decode_qk_rows = amx_decode_qk_rows;
     s.decode_pv_rows = amx_decode_pv_rows;
     // int8 rows of calls of 16 rows or more as their bf16 products once per block, for the bf16 tiles

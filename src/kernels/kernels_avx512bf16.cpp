@@ -53,24 +53,35 @@ void qk_rows(const QkTile& t) {
   }
 }
 
+// P.V's accumulators: O's 32 columns of each row, times corr[r] where corr is not null; and back.
 template <int R>
-void pv_rows(const PvTile& t) {
-  __m512 acc[R][2];
+inline void load_o_tile(__m512 (&acc)[R][2], const float* o, std::int64_t ldo, const float* corr) {
   for (int r = 0; r < R; ++r) {
-    acc[r][0] = _mm512_load_ps(t.o + r * t.ldo);
-    acc[r][1] = _mm512_load_ps(t.o + r * t.ldo + 16);
-    if (t.corr) {
-      const __m512 c = _mm512_set1_ps(t.corr[r]);
+    acc[r][0] = _mm512_load_ps(o + r * ldo);
+    acc[r][1] = _mm512_load_ps(o + r * ldo + 16);
+    if (corr) {
+      const __m512 c = _mm512_set1_ps(corr[r]);
       acc[r][0] = _mm512_mul_ps(acc[r][0], c);
       acc[r][1] = _mm512_mul_ps(acc[r][1], c);
     }
   }
+}
+
+template <int R>
+inline void store_o_tile(const __m512 (&acc)[R][2], float* o, std::int64_t ldo) {
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(o + r * ldo, acc[r][0]);
+    _mm512_store_ps(o + r * ldo + 16, acc[r][1]);
+  }
+}
+
+template <int R>
+void pv_rows(const PvTile& t) {
+  __m512 acc[R][2];
+  load_o_tile<R>(acc, t.o, t.ldo, t.corr);
   dot_pairs_rows<R>(acc, static_cast<const word_t*>(t.p), t.ldp / 2, static_cast<const std::uint16_t*>(t.v),
                     t.nkeys / 2);
-  for (int r = 0; r < R; ++r) {
-    _mm512_store_ps(t.o + r * t.ldo, acc[r][0]);
-    _mm512_store_ps(t.o + r * t.ldo + 16, acc[r][1]);
-  }
+  store_o_tile<R>(acc, t.o, t.ldo);
 }
 
 void qk_tile_12x32(const QkTile& t) {
@@ -168,6 +179,57 @@ void pack_v(void* dst, const PackSource& s) {
   }
 }
 
+// pv_tile_rows: pv_tile on the h tile at t.h0 with V's rows paired as they are read, in registers, as
+// pack_v pairs them (the same words, so the same sums): no packed copy of V to write and read back.
+// Each pair of rows is loaded once per row tile and h tile (from L2: the decode path's packed blocks
+// prefetch them). Keys past v.n read as zeros; the generic path (other dtypes, H short of Hp) converts
+// and masks as pack_v's does.
+template <int R>
+void pv_rows_direct(const PvRowsTile& t) {
+  const PackSource& v = t.v;
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                          38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  __m512 acc[R][2];
+  load_o_tile<R>(acc, t.o, t.ldo, t.corr);
+  const word_t* prow[R];
+  for (int r = 0; r < R; ++r) prow[r] = static_cast<const word_t*>(t.p) + r * (t.ldp / 2);
+  // Keys j, j + 1 (as pack_v's words) into the sums.
+  const auto add_pair = [&](std::int64_t j, __m512i a, __m512i b) {
+    const __m512bh lo = (__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b);
+    const __m512bh hi = (__m512bh)_mm512_permutex2var_epi16(a, hi_idx, b);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(prow[r][j / 2]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, lo);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, hi);
+    }
+  };
+  if (v.dtype == DType::bf16 && v.H == v.Hp) {  // plain loads, each 16 keys' rows from their first
+    const std::int64_t ld_bytes = v.ld * 2, whole = std::min(t.nkeys, v.n) / 16 * 16;
+    std::int64_t j0 = 0;
+    for (; j0 < whole; j0 += 16) {
+      const char* rows = rows16(v, j0) + t.h0 * 2;
+      for (std::int64_t i = 0; i < 16; i += 2)
+        add_pair(j0 + i, _mm512_loadu_si512(rows + i * ld_bytes), _mm512_loadu_si512(rows + (i + 1) * ld_bytes));
+    }
+    for (std::int64_t j = j0; j < t.nkeys; j += 2) {
+      const char* rows = j < v.n ? rows16(v, j / 16 * 16) + t.h0 * 2 : nullptr;
+      const std::int64_t i = j % 16;
+      add_pair(j, j < v.n ? _mm512_loadu_si512(rows + i * ld_bytes) : _mm512_setzero_si512(),
+               j + 1 < v.n ? _mm512_loadu_si512(rows + (i + 1) * ld_bytes) : _mm512_setzero_si512());
+    }
+  } else {
+    for (std::int64_t j = 0; j < t.nkeys; j += 2)
+      add_pair(j, j < v.n ? load32_bf16(key_row(v, j), v.dtype, t.h0, v.H) : _mm512_setzero_si512(),
+               j + 1 < v.n ? load32_bf16(key_row(v, j + 1), v.dtype, t.h0, v.H) : _mm512_setzero_si512());
+  }
+  store_o_tile<R>(acc, t.o, t.ldo);
+}
+
+void pv_tile_rows_12x32(const PvRowsTile& t) {
+  with_rows<kMR>(t.rows, [&](auto r) { pv_rows_direct<decltype(r)::value>(t); });
+}
+
 // P and dS of keys j..j+31 of one row (softmax_grad_pack) in fp32: e[0..1] P, e[2..3] dS (16 keys
 // each); zero outside [lo, hi) and for padding rows.
 inline void grad_row32(__m512 (&e)[4], const SoftmaxGradTile& t, int r, std::int64_t j) {
@@ -237,6 +299,7 @@ const FlashKernels& avx512bf16_kernels() {
                               .pack_q_row = pack_q_row,
                               .pack_k = pack_k,
                               .pack_v = pack_v,
+                              .pv_tile_rows = pv_tile_rows_12x32,
                               .decode_qk_rows = avx512bf16_decode_qk_rows,
                               .decode_pv_rows = avx512bf16_decode_pv_rows,
                               .decode_rows_to_bf16 = avx512bf16_decode_rows_to_bf16,

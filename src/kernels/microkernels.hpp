@@ -44,6 +44,11 @@
 //   qk_tile:      S[r][0..32) = scale * sum_{h<Hp} Q[r][h] K[j][h]       (overwrites; fp32 accumulate)
 //   pv_tile:      O[r][0..32) = O[r][0..32) * corr[r] + sum_{j<nkeys} P[r][j] V[j][c]
 //                 (corr null: no rescale; nkeys even, <= npad; accumulate into O)
+//   pv_tile_rows: (optional: null in a set that has none) pv_tile on the h tile at column h0 of the V
+//                 panels pack_v would write from the PackSource v, with V's rows read where they lie
+//                 instead (src or pieces; keys j >= v.n read as zeros, columns >= v.H as zeros): the
+//                 bits of pack_v then this set's pv_tile, with no packed copy. nkeys even,
+//                 <= round_up(v.n, 2). The decode path's packed blocks use it where a set has it.
 //   softmax_tile: for each row r, over the keys j < n of the S tile, the keys outside [lo[r], hi[r])
 //                 masked (0 <= lo[r], hi[r] <= n; lo[r] >= hi[r] masks the whole row; lo and hi both
 //                 null: none masked). Masked entries of S are never read as values (the policy may
@@ -222,6 +227,18 @@ struct PackSource {
   const void* const* pieces = nullptr;
 };
 
+struct PvRowsTile {
+  float* o;  // O rows at the h tile's first column, row stride ldo
+  std::int64_t ldo;
+  const void* p;  // P tile, row stride ldp (elements)
+  std::int64_t ldp;
+  PackSource v;         // V's rows, as pack_v takes them (n keys, H, Hp)
+  std::int64_t h0;      // the h tile's first column, a multiple of kHTile
+  std::int64_t nkeys;   // even, <= round_up(v.n, 2)
+  const float* corr;    // [rows] rescale factors, or null
+  int rows;             // 1..mr
+};
+
 // Decode (see the contract above).
 constexpr int kDecodeMaxRows = 8;
 // Keys per piece of a decode call's pieces (DecodeQk::k_pieces, DecodePv::v_pieces).
@@ -315,6 +332,7 @@ struct FlashKernels {
   void (*pack_q_row)(void* dst, const PackSource& src);
   void (*pack_k)(void* dst, const PackSource& src);
   void (*pack_v)(void* dst, const PackSource& src);
+  void (*pv_tile_rows)(const PvRowsTile& t) = nullptr;  // optional (bf16-pair family: avx512bf16)
   void (*decode_qk_rows)(const DecodeQk& t) = nullptr;  // optional (bf16-pair family)
   void (*decode_pv_rows)(const DecodePv& t) = nullptr;
   // Optional, with the decode kernels: rows 0..n of src (f16 or f32, ld elements between rows, H values
@@ -355,8 +373,9 @@ struct FlashKernels {
   int decode_pv_step_keys = kDecodePieceKeys;
   // The decode path's packed blocks (flash_decode.cpp) from this many rows a call (G T) on; 0: never.
   // Each block's K and V rows (float dtypes from where they lie, PackSource::pieces; int8 rows from
-  // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v, and the rows run on
-  // qk_tile, softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27).
+  // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (or V's rows through
+  // pv_tile_rows, where the set has it), and the rows run on qk_tile, softmax_tile and pv_tile.
+  // avx512bf16: 16 (docs/performance.md, session 27).
   int decode_packed_rows = 0;
   // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
   // integers form would run its vector P.V in four blocks of 4 rows, session 26), avx512bf16 32 (the

@@ -179,6 +179,72 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
   }
 }
 
+// pv_tile_rows (where a set has it) against pack_v then pv_tile, bit for bit: V's rows in every dtype,
+// contiguous and in pieces (laid out in reverse), H short of Hp and not, keys past v.n never read (NaN
+// there), partial row tiles, nkeys short of the keys, with and without the rescale.
+TEST(Microkernels, PvTileRowsGivesThePackedBits) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  int sets = 0;
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = *kc.kern;
+    if (k.pv_tile_rows == nullptr || k.operand_bytes != 2) continue;
+    ++sets;
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+      for (std::int64_t H : {40, 64, 128})
+        for (std::int64_t n : {1, 16, 33, 77})
+          for (bool in_pieces : {false, true}) {
+            const std::int64_t Hp = round_up(H, kHTile), npad = round_up(n, kPanelKeys);
+            // Stored rows: whole pieces of 16, one more than the keys need. In pieces, key j's piece
+            // j / 16 is stored piece (pieces - 1 - j / 16). The rows of keys past n hold NaN.
+            const std::int64_t stored = round_up(n, kDecodePieceKeys) + kDecodePieceKeys,
+                               pieces = stored / kDecodePieceKeys;
+            Rows v(dtype, stored, H, rng);
+            const auto stored_piece = [&](std::int64_t i) { return in_pieces ? pieces - 1 - i : i; };
+            for (std::int64_t j = n; j < stored; ++j) {
+              const std::int64_t at = stored_piece(j / kDecodePieceKeys) * kDecodePieceKeys + j % kDecodePieceKeys;
+              for (std::int64_t h = 0; h < v.ld; ++h) {
+                v.f32[static_cast<std::size_t>(at * v.ld + h)] = kNaN;
+                v.bits[static_cast<std::size_t>(at * v.ld + h)] = dtype == DType::bf16 ? 0x7fc0 : 0x7e00;
+              }
+            }
+            std::vector<const void*> piece_rows(static_cast<std::size_t>(pieces));
+            for (std::int64_t i = 0; i < pieces; ++i)
+              piece_rows[static_cast<std::size_t>(i)] = v.row(stored_piece(i) * kDecodePieceKeys);
+            PackSource src = v.source(Hp, Precision::bf16);
+            src.n = n;
+            if (in_pieces) src.src = nullptr, src.pieces = piece_rows.data();
+            AlignedBuffer vp(static_cast<std::size_t>(npad * Hp * 2)), p(static_cast<std::size_t>(k.mr * npad * 2));
+            for (std::int64_t i = 0; i < k.mr * npad; ++i)
+              p.as<std::uint16_t>()[i] = float_to_bf16_bits(round_to_bf16(unit(rng)));
+            k.pack_v(vp.data(), src);
+            std::vector<float> o0(static_cast<std::size_t>(k.mr * Hp)), corr(static_cast<std::size_t>(k.mr));
+            for (auto& x : o0) x = unit(rng);
+            for (auto& x : corr) x = unit(rng);
+            AlignedBuffer want(o0.size() * 4), got(o0.size() * 4);
+            for (int rows : {1, 5, k.mr})
+              for (bool rescale : {false, true})
+                for (std::int64_t nkeys : {round_up(n, 2), std::max<std::int64_t>(round_up(n, 2) - 4, 0)}) {
+                  std::memcpy(want.data(), o0.data(), o0.size() * 4);
+                  std::memcpy(got.data(), o0.data(), o0.size() * 4);
+                  const float* c = rescale ? corr.data() : nullptr;
+                  for (std::int64_t h = 0; h < Hp; h += kHTile) {
+                    k.pv_tile({want.as<float>() + h, Hp, p.data(), npad, vp.as<char>() + h * npad * 2, nkeys, c, rows});
+                    k.pv_tile_rows({got.as<float>() + h, Hp, p.data(), npad, src, h, nkeys, c, rows});
+                  }
+                  ASSERT_EQ(std::memcmp(want.data(), got.data(), o0.size() * 4), 0)
+                      << name(kc) << " " << dtype_name(dtype) << " H " << H << " n " << n << " pieces " << in_pieces
+                      << " rows " << rows << " rescale " << rescale << " nkeys " << nkeys;
+                }
+          }
+  }
+#if defined(__x86_64__)
+  if (isa_supported(Isa::avx512bf16)) {
+    EXPECT_GT(sets, 0) << "avx512bf16 has pv_tile_rows";
+  }
+#endif
+}
+
 // The tile kernels touch only what the contract names: Q, P and O rows beyond `rows` are not read or
 // written (their buffers end at the last row: AddressSanitizer's run checks it), S rows beyond `rows`
 // keep their sentinels, and P columns and V keys from nkeys on are not read as values (NaN there).
