@@ -179,6 +179,35 @@ TEST(Microkernels, PvTileMatchesScalarModel) {
   }
 }
 
+// Rows of `dtype` whose keys j >= n hold NaN, stored in pieces of kDecodePieceKeys keys: in order, or
+// (reversed) key j's piece j / 16 at stored piece (pieces - 1 - j / 16). One piece more than n needs.
+struct PieceRows {
+  std::int64_t n, pieces;
+  Rows rows;
+  bool reversed;
+  std::vector<const void*> piece_rows;
+  PieceRows(DType dtype, std::int64_t keys, std::int64_t H, bool rev, std::mt19937& rng)
+      : n(keys), pieces(round_up(keys, kDecodePieceKeys) / kDecodePieceKeys + 1),
+        rows(dtype, pieces * kDecodePieceKeys, H, rng), reversed(rev) {
+    for (std::int64_t j = n; j < pieces * kDecodePieceKeys; ++j) {
+      const std::int64_t at = stored_piece(j / kDecodePieceKeys) * kDecodePieceKeys + j % kDecodePieceKeys;
+      for (std::int64_t h = 0; h < rows.ld; ++h) {
+        rows.f32[static_cast<std::size_t>(at * rows.ld + h)] = kNaN;
+        rows.bits[static_cast<std::size_t>(at * rows.ld + h)] = dtype == DType::bf16 ? 0x7fc0 : 0x7e00;
+      }
+    }
+    for (std::int64_t i = 0; i < pieces; ++i) piece_rows.push_back(rows.row(stored_piece(i) * kDecodePieceKeys));
+  }
+  std::int64_t stored_piece(std::int64_t i) const { return reversed ? pieces - 1 - i : i; }
+  // The n keys: contiguous when not reversed, else through the pieces.
+  PackSource source(std::int64_t Hp) const {
+    PackSource src = rows.source(Hp, Precision::bf16);
+    src.n = n;
+    if (reversed) src.src = nullptr, src.pieces = piece_rows.data();
+    return src;
+  }
+};
+
 // pv_tile_rows (where a set has it) against pack_v then pv_tile, bit for bit: V's rows in every dtype,
 // contiguous and in pieces (laid out in reverse), H short of Hp and not, keys past v.n never read (NaN
 // there), partial row tiles, nkeys short of the keys, with and without the rescale.
@@ -195,25 +224,8 @@ TEST(Microkernels, PvTileRowsGivesThePackedBits) {
         for (std::int64_t n : {1, 16, 33, 77})
           for (bool in_pieces : {false, true}) {
             const std::int64_t Hp = round_up(H, kHTile), npad = round_up(n, kPanelKeys);
-            // Stored rows: whole pieces of 16, one more than the keys need. In pieces, key j's piece
-            // j / 16 is stored piece (pieces - 1 - j / 16). The rows of keys past n hold NaN.
-            const std::int64_t stored = round_up(n, kDecodePieceKeys) + kDecodePieceKeys,
-                               pieces = stored / kDecodePieceKeys;
-            Rows v(dtype, stored, H, rng);
-            const auto stored_piece = [&](std::int64_t i) { return in_pieces ? pieces - 1 - i : i; };
-            for (std::int64_t j = n; j < stored; ++j) {
-              const std::int64_t at = stored_piece(j / kDecodePieceKeys) * kDecodePieceKeys + j % kDecodePieceKeys;
-              for (std::int64_t h = 0; h < v.ld; ++h) {
-                v.f32[static_cast<std::size_t>(at * v.ld + h)] = kNaN;
-                v.bits[static_cast<std::size_t>(at * v.ld + h)] = dtype == DType::bf16 ? 0x7fc0 : 0x7e00;
-              }
-            }
-            std::vector<const void*> piece_rows(static_cast<std::size_t>(pieces));
-            for (std::int64_t i = 0; i < pieces; ++i)
-              piece_rows[static_cast<std::size_t>(i)] = v.row(stored_piece(i) * kDecodePieceKeys);
-            PackSource src = v.source(Hp, Precision::bf16);
-            src.n = n;
-            if (in_pieces) src.src = nullptr, src.pieces = piece_rows.data();
+            const PieceRows v(dtype, n, H, in_pieces, rng);
+            const PackSource src = v.source(Hp);
             AlignedBuffer vp(static_cast<std::size_t>(npad * Hp * 2)), p(static_cast<std::size_t>(k.mr * npad * 2));
             for (std::int64_t i = 0; i < k.mr * npad; ++i)
               p.as<std::uint16_t>()[i] = float_to_bf16_bits(round_to_bf16(unit(rng)));
