@@ -131,6 +131,9 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   if (plan.packed) plan.R = std::min(plan.M, kPackedGroupRows);
   plan.convert_k = decode_converts_rows(p, k, p.k_dtype);
   plan.convert_v = decode_converts_rows(p, k, p.v_dtype);
+  // Not for f16 rows: pv_tile_rows would convert them again for every row tile (T = 4 1.3x, T = 16
+  // 1.4x slower than packing them once; docs/performance.md, session 29).
+  plan.v_in_place = plan.packed && k.pv_tile_rows != nullptr && (plan.convert_v || p.v_dtype == DType::bf16);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
@@ -400,8 +403,7 @@ Workspace::Workspace(const std::vector<Plan>& plans) {
   std::int64_t panel_keys = 0, v_panel_keys = 0;
   for (const Plan& plan : plans) {
     if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
-    if (plan.packed && plan.kern->pv_tile_rows == nullptr)  // else P.V reads V's rows where they lie
-      v_panel_keys = std::max(v_panel_keys, padded_keys(plan.work.bkv));
+    if (plan.packed && !plan.v_in_place) v_panel_keys = std::max(v_panel_keys, padded_keys(plan.work.bkv));
     M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
     heads = std::max(heads, plan.heads);
     ld = std::max(ld, padded_keys(plan.work.bkv));

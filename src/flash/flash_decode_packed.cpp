@@ -10,10 +10,11 @@
 //   - Q.K packs one K panel of 32 keys at a time (pack_k, 8 KiB at H = 128, which stays in L1) and runs
 //     every row tile of the group (the set's mr rows) on it (qk_tile);
 //   - the softcap, then softmax_tile per row tile;
-//   - P.V per row tile and h tile: on a set with pv_tile_rows (avx512bf16), on V's rows where they lie,
-//     each pair of rows paired in registers as pack_v pairs them (the same bits; session 29: T = 4
-//     1.05x faster in L2, 1.1-1.2x from DRAM, T = 8 1.02-1.03x, T = 16 the same); else the block's V
-//     packed once (pack_v), then pv_tile.
+//   - P.V per row tile and h tile: on a set with pv_tile_rows (avx512bf16), on V's bf16 rows (or
+//     converted words) where they lie, each pair of rows paired in registers as pack_v pairs them
+//     (the same bits; session 29: T = 4 1.05x faster in L2, 1.1-1.15x from DRAM, T = 8 and 16 even);
+//     else (f16 rows, which it would convert once per row tile) the block's V packed once (pack_v),
+//     then pv_tile.
 // The group runs the whole block with no K/V stream under it, so its first group prefetches the next
 // block's K and V rows into L2, an even share before each qk_tile and each pv_tile call (without: T = 4
 // 1.3x, T = 8 1.2x slower; a share per K panel instead of per qk_tile call, session 27, was up to 1.03x
@@ -52,8 +53,8 @@ void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std
 //   S = scale Q K^T a panel of 32 keys at a time, each packed (pack_k, 8 KiB at H = 128: it stays in
 //   L1) and then taken by every row tile;
 //   the softcap; the online softmax (softmax_tile);
-//   O = O corr + P V, every row tile and h tile on V's rows (pv_tile_rows), or on the block's V packed
-//   once (pack_v, then pv_tile).
+//   O = O corr + P V, every row tile and h tile on V's bf16 rows (pv_tile_rows), or on the block's V
+//   packed once (pack_v, then pv_tile).
 // The first group also fetches the next block's rows into L2 (see the top of the file).
 void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
                       std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
@@ -112,14 +113,15 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
     moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t,
                                        w.l.as<float>() + hr + t, w.corr.as<float>() + hr + t, lo + t, hi + t, npad,
                                        tile_rows(t), true});
-  // P.V: on V's rows where they lie (pv_tile_rows), else on the block's V packed once.
+  // P.V: on V's bf16 rows where they lie (pv_tile_rows, Plan::v_in_place), else on the block's V
+  // packed once.
   const PackSource v_rows = source(false, 0, n);
-  if (kern.pv_tile_rows == nullptr) kern.pack_v(vp, v_rows);
+  if (!plan.v_in_place) kern.pack_v(vp, v_rows);
   for (std::int64_t t = 0; t < R; t += mr)
     for (std::int64_t h = 0; h < Hp; h += kHTile) {
       fetch_share();
       const float* corr = moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr;
-      if (kern.pv_tile_rows != nullptr)
+      if (plan.v_in_place)
         kern.pv_tile_rows({o + t * Hp + h, Hp, pt + t * ld, ld, v_rows, h, nk, corr, tile_rows(t)});
       else
         kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk, corr, tile_rows(t)});

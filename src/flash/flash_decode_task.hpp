@@ -26,6 +26,7 @@ struct Plan {
   bool convert_k = false, convert_v = false;  // each block's f16/f32 rows to bf16 once (row groups)
   bool one_call = false;  // pages go in one call per block (flash_decode.cpp, for_each_piece)
   bool packed = false;    // packed blocks (flash_decode_packed.cpp)
+  bool v_in_place = false;  // packed blocks: P.V on V's bf16 rows where they lie (pv_tile_rows), no V panels
   std::int64_t heads = 1;  // the most kv heads of a task group (paged; see the top of flash_decode.cpp)
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };

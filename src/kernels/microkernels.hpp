@@ -373,8 +373,9 @@ struct FlashKernels {
   int decode_pv_step_keys = kDecodePieceKeys;
   // The decode path's packed blocks (flash_decode.cpp) from this many rows a call (G T) on; 0: never.
   // Each block's K and V rows (float dtypes from where they lie, PackSource::pieces; int8 rows from
-  // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (or V's rows through
-  // pv_tile_rows, where the set has it), and the rows run on qk_tile, softmax_tile and pv_tile.
+  // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (V's bf16 rows, and the
+  // converted words, through pv_tile_rows instead where the set has it), and the rows run on qk_tile,
+  // softmax_tile and pv_tile.
   // avx512bf16: 16 (docs/performance.md, session 27).
   int decode_packed_rows = 0;
   // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
