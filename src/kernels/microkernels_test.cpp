@@ -1,7 +1,7 @@
 // Every kernel set this machine supports against a scalar model of the contract in microkernels.hpp:
 // packing + qk_tile, packing + pv_tile, softmax_tile (masked and not, running state, NaN), and the exp
-// and softcap (tanh) error bounds. Partial row tiles, H not a multiple of 32, keys not a multiple of
-// 32, all input dtypes.
+// and softcap (tanh) error bounds; pv_tile_rows against packing + pv_tile, bit for bit. Partial row
+// tiles, H not a multiple of 32, keys not a multiple of 32, all input dtypes.
 #include "kernels/microkernels.hpp"
 
 #include <gtest/gtest.h>
