@@ -81,10 +81,8 @@ struct DotBf16 {
     __m512bh lo, hi;  // words (a[c], b[c]) for c in 0..15, and for 16..31
   };
   static Pairs pairs(__m512i a, __m512i b) {
-    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    return {(__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b),
-            (__m512bh)_mm512_permutex2var_epi16(a, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), b)};
+    const RowPairs w = pair_rows(a, b);
+    return {(__m512bh)w.lo, (__m512bh)w.hi};
   }
   static void mac_pv(__m512& acc0, __m512& acc1, Weights x, const Pairs& w) {
     acc0 = _mm512_dpbf16_ps(acc0, x, w.lo);

@@ -133,6 +133,18 @@ inline __m512i load32_bf16(const void* row, DType dtype, std::int64_t h0, std::i
 #endif
 }
 
+// Two rows' 32 bf16 columns as the 32-bit words (a[c], b[c]) that vdpbf16ps sums along keys: lo for
+// columns 0..15, hi for 16..31 (two vpermt2w). pack_v's V panels, pv_tile_rows and the decode P.V.
+struct RowPairs {
+  __m512i lo, hi;
+};
+inline RowPairs pair_rows(__m512i a, __m512i b) {
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  return {_mm512_permutex2var_epi16(a, lo_idx, b),
+          _mm512_permutex2var_epi16(a, _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16)), b)};
+}
+
 // In-register transpose of a 16x16 matrix of 32-bit elements: r[i] lane j <-> r[j] lane i. (Where it
 // inlines into a loop over arrays, GCC 12 warns that its headers' own _mm512_undefined_epi32 is
 // uninitialized, GCC bug 105593: silenced here.)

@@ -145,9 +145,6 @@ void pack_k(void* dst, const PackSource& s) {
 void pack_v(void* dst, const PackSource& s) {
   auto* d = static_cast<std::uint16_t*>(dst);
   const std::int64_t npad = padded_keys(s.n);
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
-                                          38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
   if (s.dtype == DType::bf16 && s.H == s.Hp) {  // plain loads, each 16 keys' rows from their first
     const std::int64_t ld_bytes = s.ld * 2;
     for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
@@ -160,8 +157,9 @@ void pack_v(void* dst, const PackSource& s) {
         for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
           const __m512i x = a != nullptr ? _mm512_loadu_si512(a + h0 * 2) : _mm512_setzero_si512();
           const __m512i y = b != nullptr ? _mm512_loadu_si512(b + h0 * 2) : _mm512_setzero_si512();
-          _mm512_store_si512(out + h0 * npad, _mm512_permutex2var_epi16(x, lo_idx, y));
-          _mm512_store_si512(out + h0 * npad + 32, _mm512_permutex2var_epi16(x, hi_idx, y));
+          const RowPairs w = pair_rows(x, y);
+          _mm512_store_si512(out + h0 * npad, w.lo);
+          _mm512_store_si512(out + h0 * npad + 32, w.hi);
         }
       }
     }
@@ -173,8 +171,9 @@ void pack_v(void* dst, const PackSource& s) {
       const __m512i b =
           j + 1 < s.n ? load32_bf16(key_row(s, j + 1), s.dtype, h0, s.H) : _mm512_setzero_si512();
       std::uint16_t* out = d + (h0 / kHTile) * npad * kHTile + j * kHTile;
-      _mm512_store_si512(out, _mm512_permutex2var_epi16(a, lo_idx, b));
-      _mm512_store_si512(out + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+      const RowPairs w = pair_rows(a, b);
+      _mm512_store_si512(out, w.lo);
+      _mm512_store_si512(out + 32, w.hi);
     }
   }
 }
@@ -187,21 +186,17 @@ void pack_v(void* dst, const PackSource& s) {
 template <int R>
 void pv_rows_direct(const PvRowsTile& t) {
   const PackSource& v = t.v;
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
-                                          38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
   __m512 acc[R][2];
   load_o_tile<R>(acc, t.o, t.ldo, t.corr);
   const word_t* prow[R];
   for (int r = 0; r < R; ++r) prow[r] = static_cast<const word_t*>(t.p) + r * (t.ldp / 2);
   // Keys j, j + 1 (as pack_v's words) into the sums.
   const auto add_pair = [&](std::int64_t j, __m512i a, __m512i b) {
-    const __m512bh lo = (__m512bh)_mm512_permutex2var_epi16(a, lo_idx, b);
-    const __m512bh hi = (__m512bh)_mm512_permutex2var_epi16(a, hi_idx, b);
+    const RowPairs w = pair_rows(a, b);
     for (int r = 0; r < R; ++r) {
       const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(prow[r][j / 2]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, lo);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, hi);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, (__m512bh)w.lo);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, (__m512bh)w.hi);
     }
   };
   if (v.dtype == DType::bf16 && v.H == v.Hp) {  // plain loads, each 16 keys' rows from their first

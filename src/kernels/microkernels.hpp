@@ -375,8 +375,7 @@ struct FlashKernels {
   // Each block's K and V rows (float dtypes from where they lie, PackSource::pieces; int8 rows from
   // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (V's bf16 rows, and the
   // converted words, through pv_tile_rows instead where the set has it), and the rows run on qk_tile,
-  // softmax_tile and pv_tile.
-  // avx512bf16: 16 (docs/performance.md, session 27).
+  // softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27).
   int decode_packed_rows = 0;
   // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
   // integers form would run its vector P.V in four blocks of 4 rows, session 26), avx512bf16 32 (the
