@@ -5,8 +5,10 @@
 //     the Hp/32 chunks of 32 h, then a 16x16 transpose-add turns them into 16 logits (RB rows x 16 / RB
 //     keys). Each logit's lanes are summed in the same fixed order whatever its slot. The fast path
 //     (bf16 or int8 rows, H = 64, 96, 128, 256, whole groups of 16 keys) reads each K row whole
-//     (key-major, Q chunks from L1) with every size a constant, int8 chunks scaled and rounded as
-//     they are loaded; the generic path (other dtypes and H, the last partial group) converts and
+//     (key-major, Q chunks from L1, the Q rows contiguous so every offset is a constant) with every
+//     size a constant, int8 chunks scaled and rounded as they are loaded; blocks of 8 rows go chunk
+//     by chunk over their 2 keys, so each Q chunk is loaded once for both (T = 2 at G = 4: 1.13x
+//     faster in L2, docs/performance.md, session 30); the generic path (other dtypes and H, the last partial group) converts and
 //     masks chunk by chunk. Both give the same bits.
 //   int8 K in the integers form (DotI16, decode_qk_rows_i8): the same loops on int16 Q rows and K rows
 //     sign-extended as they are loaded, the sums added as integers, then each logit times its row's
@@ -14,6 +16,7 @@
 // Q rows: Q[r] chunk c at q + r ldq_bytes + c Mac::kQChunkBytes (QRows).
 #pragma once
 
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/avx512_decode_common.hpp"
@@ -187,41 +190,66 @@ inline const float* key_scales(const Int8Rows<Mac>& r) { return r.scale; }
 template <typename Mac>
 inline std::int64_t key_scales_ld(const Int8Rows<Mac>& r) { return r.ld_scale; }
 
-// The RB x KG logits of keys kr.at(0 .. KG) (lane r KG + j).
+// The RB x KG logits of keys kr.at(0 .. KG) (lane r KG + j). Q row r's chunk c at q + (r HC + c)
+// Mac::kQChunkBytes (the rows contiguous: one base register, constant offsets); per chunk c the KG keys'
+// chunks are loaded, then each row's Q chunk once for the KG keys (each accumulator still sums its
+// chunks in order c = 0, 1, ..: the same bits as qk_block).
 template <typename Mac, int RB, int HC, typename Rows>
-inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr,
-                                                          __m512 scale, const float* rf) {
+inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, const Rows& kr, __m512 scale,
+                                                          const float* rf) {
   constexpr int KG = kQkGroup / RB;
+  constexpr std::int64_t kRowBytes = HC * Mac::kQChunkBytes;
   __m512 acc[kQkGroup];
 #pragma GCC unroll 16
   for (int i = 0; i < kQkGroup; ++i) acc[i] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int j = 0; j < KG; ++j)
+  if constexpr (RB == 8) {
 #pragma GCC unroll 8
     for (int c = 0; c < HC; ++c) {
-      const __m512i kc = kr.chunk(j, c);
+      __m512i kc[KG];
+#pragma GCC unroll 16
+      for (int j = 0; j < KG; ++j) kc[j] = kr.chunk(j, c);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r)
-        acc[r * KG + j] = Mac::mac(acc[r * KG + j], q + r * ldq_bytes + c * Mac::kQChunkBytes, kc);
+#pragma GCC unroll 16
+        for (int j = 0; j < KG; ++j)
+          acc[r * KG + j] = Mac::mac(acc[r * KG + j], q + r * kRowBytes + c * Mac::kQChunkBytes, kc[j]);
     }
+  } else {
+#pragma GCC unroll 16
+    for (int j = 0; j < KG; ++j)
+#pragma GCC unroll 8
+      for (int c = 0; c < HC; ++c) {
+        const __m512i kc = kr.chunk(j, c);
+#pragma GCC unroll 8
+        for (int r = 0; r < RB; ++r)
+          acc[r * KG + j] = Mac::mac(acc[r * KG + j], q + r * kRowBytes + c * Mac::kQChunkBytes, kc);
+      }
+  }
   return logits<Mac, RB>(acc, scale, rf, key_scales(kr), key_scales_ld(kr), KG);
 }
 
 template <typename Mac, int RB, int HC, typename Rows>
-inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, std::int64_t ldq_bytes, const Rows& kr,
-                                                             float* s, std::int64_t lds, __m512 scale, const float* rf) {
+inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, const Rows& kr, float* s,
+                                                             std::int64_t lds, __m512 scale, const float* rf) {
   constexpr int KG = kQkGroup / RB;
 #pragma GCC unroll 16
   for (int jj = 0; jj < kQkGroup; jj += KG)
-    store_logits<RB>(s + jj, lds, qk_sums_fast<Mac, RB, HC>(q, ldq_bytes, kr.at(jj), scale, rf));
+    store_logits<RB>(s + jj, lds, qk_sums_fast<Mac, RB, HC>(q, kr.at(jj), scale, rf));
 }
 
-// Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums).
+// Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums). The Q rows are
+// copied together first where they are not (R HC chunks, at most 8 KiB).
 template <typename Mac, int R, int HC, typename Rows>
 void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
+  constexpr std::int64_t kRowBytes = HC * Mac::kQChunkBytes;
+  alignas(64) char qbuf[R * kRowBytes];
   const char* q = qr.q;
+  if (qr.ld_bytes != kRowBytes) {
+    for (int r = 0; r < R; ++r) std::memcpy(qbuf + r * kRowBytes, qr.q + r * qr.ld_bytes, kRowBytes);
+    q = qbuf;
+  }
   float* const s = t.s;
-  const std::int64_t ldq = qr.ld_bytes, lds = t.lds;
+  const std::int64_t lds = t.lds;
   const std::int64_t full = t.n / kQkGroup * kQkGroup;
   const __m512 scale = _mm512_set1_ps(t.scale);
   const float* const rf0 = qr.factor;  // DotI16's row factors, else null
@@ -231,10 +259,10 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
     const Rows kr = k0.at(j0, step_rows(k0.base, t.k_pieces, k0.ld_bytes, j0, t.n, true,
                                         std::is_same_v<Rows, Bf16Rows> ? 1 : kInt8PieceLines));
     int r0 = 0;  // row blocks of 8, 4, 2, 1
-    if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, ldq, kr, s + j0, lds, scale, rf0); r0 += 8; }
-    if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }
-    if constexpr (R % 4 >= 2) { qk_rows_block_fast<Mac, 2, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 2; }
-    if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * ldq, ldq, kr, s + r0 * lds + j0, lds, scale, rf_at(r0));
+    if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, kr, s + j0, lds, scale, rf0); r0 += 8; }
+    if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }
+    if constexpr (R % 4 >= 2) { qk_rows_block_fast<Mac, 2, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 2; }
+    if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0));
   }
   if (full < t.n) {
     if constexpr (std::is_same_v<Rows, Bf16Rows>) qk_rows<Mac, R, true>(t, qr, full);
