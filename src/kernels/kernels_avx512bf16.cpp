@@ -98,7 +98,7 @@ bool softmax_tile(const SoftmaxTile& t) {
     auto* p = static_cast<std::uint16_t*>(t.p) + r * t.ldp + j;
     _mm512_store_si512(p, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
   };
-  return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+  return masks_keys(t) ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
 }
 
 void pack_q_row(void* dst, const PackSource& s) {

@@ -87,7 +87,7 @@ bool softmax_tile(const SoftmaxTile& t) {
     _mm512_store_ps(p, e0);
     _mm512_store_ps(p + 16, e1);
   };
-  return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+  return masks_keys(t) ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
 }
 
 void pack_q_row(void* dst, const PackSource& s) {
@@ -132,7 +132,7 @@ bool softmax_tile_bf16(const SoftmaxTile& t) {
   auto write = [&t](int r, std::int64_t j, __m512 e0, __m512 e1) {
     _mm512_store_si512(static_cast<std::uint16_t*>(t.p) + r * t.ldp + j, round2_bf16(e0, e1));
   };
-  return t.lo ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
+  return masks_keys(t) ? softmax_rows<true>(t, write) : softmax_rows<false>(t, write);
 }
 
 void pack_q_row_bf16(void* dst, const PackSource& s) {

@@ -1,7 +1,7 @@
 // Every kernel set this machine supports against a scalar model of the contract in microkernels.hpp:
-// packing + qk_tile, packing + pv_tile, softmax_tile (masked and not, running state, NaN), and the exp
-// and softcap (tanh) error bounds; pv_tile_rows against packing + pv_tile, bit for bit. Partial row
-// tiles, H not a multiple of 32, keys not a multiple of 32, all input dtypes.
+// packing + qk_tile, packing + pv_tile, softmax_tile (masked and not, running state, NaN; bounds that
+// mask nothing), and the exp and softcap (tanh) error bounds; pv_tile_rows against packing + pv_tile,
+// bit for bit. Partial row tiles, H not a multiple of 32, keys not a multiple of 32, all input dtypes.
 #include "kernels/microkernels.hpp"
 
 #include <gtest/gtest.h>
@@ -371,6 +371,47 @@ TEST(Microkernels, SoftmaxTileMatchesScalarModel) {
       }
       EXPECT_EQ(moved, any_moved) << name(kc);
     }
+  }
+}
+
+// Bounds that mask no key (every row's [lo, hi) = [0, n)) give the bits of no bounds (the sets take
+// the unmasked loop for them); one row's hi at n - 1 still masks that row's last key.
+TEST(Microkernels, SoftmaxTileBoundsThatMaskNothingGiveTheUnmaskedBits) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = *kc.kern;
+    const std::int64_t ob = k.operand_bytes, n = 64;
+    const auto rows = static_cast<std::size_t>(k.mr);
+    AlignedBuffer s(rows * n * 4);
+    for (std::int64_t i = 0; i < k.mr * n; ++i) s.as<float>()[i] = dist(rng);
+    std::vector<std::int32_t> lo(rows, 0), hi(rows, static_cast<std::int32_t>(n));
+    struct Out {
+      AlignedBuffer p;
+      std::vector<float> m, l, corr;
+      bool moved;
+    };
+    const auto run = [&](const std::int32_t* lo_r, const std::int32_t* hi_r) {
+      Out o{AlignedBuffer(rows * n * static_cast<std::size_t>(ob)), std::vector<float>(rows, 0.5f),
+            std::vector<float>(rows, 2.0f), std::vector<float>(rows), false};
+      o.moved = k.softmax_tile({s.as<float>(), n, o.p.data(), n, o.m.data(), o.l.data(), o.corr.data(), lo_r, hi_r, n,
+                                k.mr, kc.precision == Precision::bf16});
+      return o;
+    };
+    const Out none = run(nullptr, nullptr), whole = run(lo.data(), hi.data());
+    ASSERT_EQ(std::memcmp(none.p.data(), whole.p.data(), rows * n * static_cast<std::size_t>(ob)), 0) << name(kc);
+    ASSERT_EQ(std::memcmp(none.m.data(), whole.m.data(), rows * 4), 0) << name(kc);
+    ASSERT_EQ(std::memcmp(none.l.data(), whole.l.data(), rows * 4), 0) << name(kc);
+    ASSERT_EQ(std::memcmp(none.corr.data(), whole.corr.data(), rows * 4), 0) << name(kc);
+    ASSERT_EQ(none.moved, whole.moved) << name(kc);
+    hi[rows - 1] = static_cast<std::int32_t>(n - 1);
+    const Out last = run(lo.data(), hi.data());
+    const auto at = [&](const Out& o, std::int64_t i) {
+      return ob == 2 ? bf16_bits_to_float(o.p.as<std::uint16_t>()[i]) : o.p.as<float>()[i];
+    };
+    EXPECT_EQ(at(last, (k.mr - 1) * n + n - 1), 0.0f) << name(kc);
+    EXPECT_GT(at(none, (k.mr - 1) * n + n - 1), 0.0f) << name(kc);
+    EXPECT_EQ(at(last, n - 1), at(none, n - 1)) << name(kc);  // the other rows as before
   }
 }
 
