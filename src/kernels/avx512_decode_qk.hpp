@@ -7,9 +7,9 @@
 //     (bf16 or int8 rows, H = 64, 96, 128, 256, whole groups of 16 keys) reads each K row whole
 //     (key-major, Q chunks from L1, the Q rows contiguous so every offset is a constant) with every
 //     size a constant, int8 chunks scaled and rounded as they are loaded; blocks of 8 rows go chunk
-//     by chunk over their 2 keys, so each Q chunk is loaded once for both (T = 2 at G = 4: 1.13x
-//     faster in L2, docs/performance.md, session 30); the generic path (other dtypes and H, the last partial group) converts and
-//     masks chunk by chunk. Both give the same bits.
+//     by chunk over their 2 keys, so each Q chunk is loaded once for both (T = 2 at G = 4: 1.12x
+//     faster in L2, docs/performance.md, session 30); the generic path (other dtypes and H, the last
+//     partial group) converts and masks chunk by chunk. Both give the same bits.
 //   int8 K in the integers form (DotI16, decode_qk_rows_i8): the same loops on int16 Q rows and K rows
 //     sign-extended as they are loaded, the sums added as integers, then each logit times its row's
 //     factor and its key's scale (logits).
