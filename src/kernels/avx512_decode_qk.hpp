@@ -191,9 +191,11 @@ template <typename Mac>
 inline std::int64_t key_scales_ld(const Int8Rows<Mac>& r) { return r.ld_scale; }
 
 // The RB x KG logits of keys kr.at(0 .. KG) (lane r KG + j). Q row r's chunk c at q + (r HC + c)
-// Mac::kQChunkBytes (the rows contiguous: one base register, constant offsets); per chunk c the KG keys'
-// chunks are loaded, then each row's Q chunk once for the KG keys (each accumulator still sums its
-// chunks in order c = 0, 1, ..: the same bits as qk_block).
+// Mac::kQChunkBytes (the rows contiguous: one base register, constant offsets). Blocks of 8 rows go
+// chunk by chunk: chunk c of both keys, then each row's Q chunk loaded once for the two. Smaller
+// blocks go key by key: chunk by chunk would hold KG = 16 / RB keys' chunks beside the 16
+// accumulators (all 32 registers at RB = 1), and at RB = 4 (T = 1) it was no faster. Either way each
+// accumulator sums its chunks in order c = 0, 1, ..: the same bits as qk_block.
 template <typename Mac, int RB, int HC, typename Rows>
 inline __attribute__((always_inline)) __m512 qk_sums_fast(const char* q, const Rows& kr, __m512 scale,
                                                           const float* rf) {
