@@ -20,8 +20,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,10 +39,28 @@ using namespace flashgqa;
 
 constexpr std::int64_t K = 8, G = 4, H = 128, kThreads = 2;
 
-std::vector<std::uint16_t> random_bf16(std::int64_t n, std::uint64_t seed) {
+// The cache and the call's buffers 64-byte aligned, as torch's and XLA's CPU allocators align theirs
+// (malloc's large blocks lie 16 bytes past a page, and a cache there splits every row's loads over two
+// cache lines: docs/performance.md, session 31).
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, kAlign); }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+};
+template <typename T>
+using Buffer = std::vector<T, LineAligned<T>>;
+
+Buffer<std::uint16_t> random_bf16(std::int64_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
-  std::vector<std::uint16_t> x(static_cast<std::size_t>(n));
+  Buffer<std::uint16_t> x(static_cast<std::size_t>(n));
   for (auto& e : x) e = float_to_bf16_bits(normal(rng));
   return x;
 }
@@ -50,9 +70,9 @@ struct Inputs {
   bool int8;                     // the cache quantized by quantize_kv (bf16 otherwise)
   std::vector<std::int32_t> seqlens, table;
   std::int64_t max_pages = 0;
-  std::vector<std::uint16_t> q, out, k, v;
-  std::vector<std::int8_t> k8, v8;
-  std::vector<float> k_scale, v_scale;
+  Buffer<std::uint16_t> q, out, k, v;
+  Buffer<std::int8_t> k8, v8;
+  Buffer<float> k_scale, v_scale;
   TensorView qv, ov, kv, vv, ksv, vsv;
 
   Inputs(std::vector<std::int32_t> lens, std::int64_t T_, std::int64_t page, bool int8_ = false)
@@ -93,8 +113,8 @@ struct Inputs {
         quantize_kv(*x, q8, *sview);
         *view = q8;
       }
-      std::vector<std::uint16_t>().swap(k);  // only the int8 cache stays
-      std::vector<std::uint16_t>().swap(v);
+      Buffer<std::uint16_t>().swap(k);  // only the int8 cache stays
+      Buffer<std::uint16_t>().swap(v);
     }
   }
   KvCache cache() const {

@@ -41,6 +41,17 @@ class Model:
         self.unembed = init(d, vocab)
 
 
+def line_aligned_zeros(shape, dtype, align=64):
+    """Zeros whose data starts on a cache line, as torch and JAX allocate theirs. numpy's own large
+    arrays start 16 bytes past one, so every row of a cache there straddles two lines and each load
+    of it reads both (page 16 1.3x slower on Zen 4, docs/performance.md, session 31)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(nbytes + align, np.uint8)
+    skip = -raw.ctypes.data % align
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
+
+
 class PagedCache:
     """Per layer a k and a v page pool; per sequence a row of the block table."""
 
@@ -49,8 +60,8 @@ class PagedCache:
         self.max_pages = -(-max_len // page_size)
         num_pages = batch * self.max_pages
         shape = (num_pages, model.K, page_size, model.H)
-        self.k = [np.zeros(shape, kv_dtype) for _ in range(model.layers)]
-        self.v = [np.zeros(shape, kv_dtype) for _ in range(model.layers)]
+        self.k = [line_aligned_zeros(shape, kv_dtype) for _ in range(model.layers)]
+        self.v = [line_aligned_zeros(shape, kv_dtype) for _ in range(model.layers)]
         scales = kv_dtype == "int8"  # a float32 scale per (page, kv head, row)
         self.k_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]
         self.v_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]

@@ -38,16 +38,38 @@ inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::
     for (int l = 0; l < lines; ++l) _mm_prefetch(static_cast<const char*>(pieces[next]) + 64 * l, _MM_HINT_T1);
 }
 
-// The lines of the next piece the AVX-512 Q.K fast path prefetches for int8 rows: its first KiB (half
-// a piece at H = 128). One line left int8 page 16 1.2x slower; on bf16 rows and the amx tiles, more
-// than one line was slower (docs/performance.md, session 22).
-constexpr int kInt8PieceLines = 16;
-
 // Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the next
 // piece's first `lines` lines prefetched.
 inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
                              std::int64_t n, bool prefetch = true, int lines = 1, int ahead = 1) {
   if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j, lines, ahead);
+  return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
+}
+
+// As step_rows, for the AVX-512 vector kernels: where j starts a piece, every line of the next piece's
+// rows (kDecodePieceKeys rows of row_bytes, ld_bytes apart) into L2, and the first line of the piece
+// after it, whose page walk then starts a piece early. Small pages lie anywhere, so each piece starts
+// with a TLB miss and a cold stream. On Zen 4 (8 sequences, T = 1, page 16 bf16) the first line alone
+// left the core waiting on each piece; the whole piece and the early page walk read it 1.6x faster
+// (docs/performance.md, session 31).
+inline const char* step_rows_ahead(const void* rows, const void* const* pieces, std::int64_t ld_bytes,
+                                   std::int64_t row_bytes, std::int64_t j, std::int64_t n) {
+  if (pieces != nullptr && j % kDecodePieceKeys == 0) {
+    const std::int64_t next = j / kDecodePieceKeys + 1;
+    if (next * kDecodePieceKeys < n) {
+      const char* piece = static_cast<const char*>(pieces[next]);
+      const auto lines = [](const char* from, const char* end) {
+        for (const char* line = from - reinterpret_cast<std::uintptr_t>(from) % 64; line < end; line += 64)
+          _mm_prefetch(line, _MM_HINT_T1);
+      };
+      if (ld_bytes == row_bytes) {
+        lines(piece, piece + kDecodePieceKeys * row_bytes);  // the rows one after another
+      } else {
+        for (int r = 0; r < kDecodePieceKeys; ++r) lines(piece + r * ld_bytes, piece + r * ld_bytes + row_bytes);
+      }
+    }
+    if ((next + 1) * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next + 1]), _MM_HINT_T1);
+  }
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
