@@ -44,7 +44,7 @@ class Model:
 def line_aligned_zeros(shape, dtype, align=64):
     """Zeros whose data starts on a cache line, as torch and JAX allocate theirs. numpy's own large
     arrays start 16 bytes past one, so every row of a cache there straddles two lines and each load
-    of it reads both (page 16 1.3x slower on Zen 4, docs/performance.md, session 31)."""
+    of it reads both (page 16 1.15-1.3x slower on Zen 4, docs/performance.md, session 31)."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     raw = np.zeros(nbytes + align, np.uint8)

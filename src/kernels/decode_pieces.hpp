@@ -50,7 +50,7 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
 // rows (kDecodePieceKeys rows of row_bytes, ld_bytes apart) into L2, and the first line of the piece
 // after it, whose page walk then starts a piece early. Small pages lie anywhere, so each piece starts
 // with a TLB miss and a cold stream. On Zen 4 (8 sequences, T = 1, page 16 bf16) the first line alone
-// left the core waiting on each piece; the whole piece and the early page walk read it 1.6x faster
+// left the core waiting on each piece; the whole piece and the early page walk read it 1.8-1.9x faster
 // (docs/performance.md, session 31).
 inline const char* step_rows_ahead(const void* rows, const void* const* pieces, std::int64_t ld_bytes,
                                    std::int64_t row_bytes, std::int64_t j, std::int64_t n) {

@@ -96,9 +96,9 @@
 // and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 and int8 rows in
 // pieces of kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; int8 scales where they
 // always are, k_scale/v_scale; the pieces of one call give the bits of the same rows together), and
-// there, as each piece starts, prefetches the start of a piece ahead into L2, as the hardware
-// prefetchers do not cross into it (decode_pieces.hpp: the next piece's first line, its first KiB for
-// int8 Q.K on the AVX-512 vector kernels, the first line of the piece after next on the amx tiles).
+// there, as each piece starts, prefetches a piece ahead into L2, as the hardware prefetchers do not
+// cross into it (decode_pieces.hpp: on the AVX-512 vector kernels every line of the next piece and the
+// first line of the one after it, on the amx tiles the first line of the piece after next).
 // The AVX-512 sets' int8 P.V in the integers form prefetches the V rows of its next 32 keys, which its
 // passes read out of order. The amx set's kernels (kernels_amx_decode.cpp) run calls of 4 rows or more
 // on the tile unit, whose tiles read 16 K rows a column chunk at a time (not address order) and sum
