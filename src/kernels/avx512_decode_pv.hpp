@@ -146,12 +146,12 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
                                [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
     }
   };
+  const std::int64_t row_bytes = t.H * elem_bytes(t.v_dtype);
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
     if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
-      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
-        const char* row = step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, t.H * elem_bytes(t.v_dtype), j, t.n);
-        group(p + j / 2, v0.at(j, row), 0, kDecodePieceKeys);
-      }
+      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys)
+        group(p + j / 2, v0.at(j, step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, row_bytes, j, t.n)), 0,
+              kDecodePieceKeys);
       continue;
     }
     group(p, v0, j0, j0 + kGroup);

@@ -256,10 +256,10 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   const __m512 scale = _mm512_set1_ps(t.scale);
   const float* const rf0 = qr.factor;  // DotI16's row factors, else null
   const auto rf_at = [rf0](int r) { return rf0 != nullptr ? rf0 + r : nullptr; };
+  const std::int64_t row_bytes = t.H * elem_bytes(t.k_dtype);
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     // (In pieces, the group's 16 rows lie in one.)
-    const Rows kr =
-        k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, t.H * elem_bytes(t.k_dtype), j0, t.n));
+    const Rows kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
     int r0 = 0;  // row blocks of 8, 4, 2, 1
     if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, kr, s + j0, lds, scale, rf0); r0 += 8; }
     if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }

@@ -28,21 +28,19 @@ struct KeyRows {
 };
 
 // In pieces, the hardware prefetchers do not cross from one piece into the next, which lies anywhere:
-// as piece j / kDecodePieceKeys starts (of a call of n keys), the next one's first `lines` lines go to
-// L2 (prefetcht1), which starts its page walk and DRAM access early (page 16 1.12x faster on Sapphire
-// Rapids than without, with one line; docs/performance.md, session 19).
-inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j, int lines = 1,
-                                int ahead = 1) {
+// as piece j / kDecodePieceKeys starts (of a call of n keys), the first line of the piece `ahead`
+// pieces on goes to L2 (prefetcht1), which starts its page walk and DRAM access early (page 16 1.12x
+// faster on Sapphire Rapids than without; docs/performance.md, session 19).
+inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j, int ahead = 1) {
   const std::int64_t next = j / kDecodePieceKeys + ahead;
-  if (next * kDecodePieceKeys < n)
-    for (int l = 0; l < lines; ++l) _mm_prefetch(static_cast<const char*>(pieces[next]) + 64 * l, _MM_HINT_T1);
+  if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
 }
 
-// Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the next
-// piece's first `lines` lines prefetched.
+// Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the first
+// line of the piece `ahead` pieces on prefetched.
 inline const char* step_rows(const void* rows, const void* const* pieces, std::int64_t ld_bytes, std::int64_t j,
-                             std::int64_t n, bool prefetch = true, int lines = 1, int ahead = 1) {
-  if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j, lines, ahead);
+                             std::int64_t n, bool prefetch = true, int ahead = 1) {
+  if (pieces != nullptr && prefetch) prefetch_next_piece(pieces, n, j, ahead);
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
@@ -68,7 +66,7 @@ inline const char* step_rows_ahead(const void* rows, const void* const* pieces, 
         for (int r = 0; r < kDecodePieceKeys; ++r) lines(piece + r * ld_bytes, piece + r * ld_bytes + row_bytes);
       }
     }
-    if ((next + 1) * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next + 1]), _MM_HINT_T1);
+    prefetch_next_piece(pieces, n, j, 2);
   }
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }

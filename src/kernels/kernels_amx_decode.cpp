@@ -151,7 +151,7 @@ struct KeyTile {
   std::int64_t ld;  // bytes
 };
 inline KeyTile key_tile(const DecodeQk& t, std::int64_t ldk, std::int64_t j, QkScratch& w, int slot) {
-  const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n, true, 1, kPieceAhead);
+  const char* rows = step_rows(t.k, t.k_pieces, ldk, j, t.n, true, kPieceAhead);
   if (t.k_dtype == DType::bf16 && j + kKeys <= t.n) return {rows, ldk};
   std::uint16_t* dst = w.k[slot];
   if (j + kKeys <= t.n) {  // 16 whole f16 or f32 rows
@@ -256,7 +256,7 @@ void pv_columns(const DecodePv& t, PvScratch& w, std::int64_t h0, BTiles* kept, 
     if (!formed && j0 + kPvKeys <= have) {  // the common step: 32 whole rows, two pieces
       with_whole_loads(t.v_dtype, [&](auto load) {
         for (int half = 0; half < 2; ++half) {
-          const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0, 1, kPieceAhead);
+          const char* rows = step_rows(t.v, t.v_pieces, ldv, j0 + kKeys * half, t.n, h0 == 0, kPieceAhead);
           for (int i = 0; i < kKeys / 2; ++i) {
             const char* ra = rows + 2 * i * ldv;
             for (int c = 0; c < kBlocks; ++c) {
