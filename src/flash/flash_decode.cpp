@@ -278,6 +278,14 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, dtype, ldk, len, p.H, Hp, p.scale, static_cast<int>(R),
                          ks.scale, ks.ld, in_pieces});
   };
+  // Dense int8 rows (no overlap; the group that reads them from DRAM): the kernels prefetch
+  // kDecodeInt8AheadKeys keys ahead of what they read (microkernels.hpp), and the first keys of each
+  // call go to L2 here, a phase early: V's before Q.K, the next block's K before P.V (Zen 4, 8
+  // sequences at T = 1: with the kernels' K prefetch 1.15x faster than neither, that alone 1.06x;
+  // docs/performance.md, session 32).
+  const bool int8_ahead = plan.pages == nullptr && piece == 0 && r0 == 0;
+  if (int8_ahead && p.v_dtype == DType::i8)
+    prefetch_rows(p, false, task.b, task.kh, s0, std::min<std::int64_t>(kDecodeInt8AheadKeys, keys_seen));
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
   if (plan.convert_k)
@@ -306,6 +314,10 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                          moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces,
                          shares && more, shares && v_kept});
   };
+  const std::int64_t next_block = s0 + plan.work.bkv;
+  if (int8_ahead && p.k_dtype == DType::i8 && next_block < task.keys.end)
+    prefetch_rows(p, true, task.b, task.kh, next_block,
+                  std::min<std::int64_t>(kDecodeInt8AheadKeys, task.keys.end - next_block));
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else

@@ -324,12 +324,14 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
   }
 }
 
+static_assert(kI16Slice == kDecodeInt8AheadKeys);
+
 // Rows [r0, r0 + RB) over all keys: passes of 64 columns (each V line read whole in one pass: in
 // passes of 32 this ran 1.15x slower from DRAM), the last one of 32 where Hp is an odd multiple of 32.
 // The first block of rows prefetches the next slice's V rows into L2 as each slice starts: the passes
 // read each row's lines out of address order, and from DRAM this path took 3x its in-cache time per
-// key (with it, dense int8 decode 1.21x and page 256 1.16x faster on Sapphire Rapids;
-// docs/performance.md, session 19).
+// key (with it, dense int8 decode 1.21x and page 256 1.16x faster on Sapphire Rapids,
+// docs/performance.md, session 19; on Zen 4, 8 sequences at T = 1, 1.12x, session 32).
 template <int RB>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;

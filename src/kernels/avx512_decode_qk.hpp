@@ -240,7 +240,10 @@ inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, con
 }
 
 // Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums). The Q rows are
-// copied together first where they are not (R HC chunks, at most 8 KiB).
+// copied together first where they are not (R HC chunks, at most 8 KiB). Dense int8 rows go to L2
+// kDecodeInt8AheadKeys keys ahead (microkernels.hpp: from DRAM on Zen 4, 8 sequences at T = 1, 1.06x
+// faster, 1.15x with the policy's prefetch of each call's first keys; docs/performance.md, session
+// 32); bf16 rows were no faster with it.
 template <typename Mac, int R, int HC, typename Rows>
 void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   constexpr std::int64_t kRowBytes = HC * Mac::kQChunkBytes;
@@ -260,6 +263,9 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     // (In pieces, the group's 16 rows lie in one.)
     const Rows kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
+    if constexpr (!std::is_same_v<Rows, Bf16Rows>)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
+      if (t.k_pieces == nullptr && j0 + kDecodeInt8AheadKeys + kQkGroup <= t.n)
+        prefetch_rows_l2(k0.base + (j0 + kDecodeInt8AheadKeys) * k0.ld_bytes, k0.ld_bytes, row_bytes, kQkGroup);
     int r0 = 0;  // row blocks of 8, 4, 2, 1
     if constexpr (R >= 8) { qk_rows_block_fast<Mac, 8, HC>(q, kr, s + j0, lds, scale, rf0); r0 += 8; }
     if constexpr (R % 8 >= 4) { qk_rows_block_fast<Mac, 4, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0)); r0 += 4; }
