@@ -49,7 +49,8 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
 // prefetch is an asm statement: where GCC inlined this loop written with _mm_prefetch into the
 // kernels, it deleted it, prefetches and all (the row bytes then unused), as the assembly showed.
 inline void prefetch_l2(const char* line) { asm volatile("prefetcht1 %0" : : "m"(*line)); }
-inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, std::int64_t ld_bytes, std::int64_t row_bytes, int count) {
+inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, std::int64_t ld_bytes,
+                                                            std::int64_t row_bytes, int count) {
   const auto lines = [](const char* from, std::int64_t bytes) {
     const std::int64_t skip = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(from) % 64);
     for (std::int64_t b = 0; b < skip + bytes; b += 64) prefetch_l2(from - skip + b);

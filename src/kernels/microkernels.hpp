@@ -104,8 +104,8 @@
 // K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time per byte is twice
 // bf16's, and the hardware prefetchers alone left part of each row's DRAM time exposed); the policy
 // prefetches the first kDecodeInt8AheadKeys keys of each such call (flash_decode.cpp). The amx set's
-// kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read 16 K rows a column chunk at a time (not address order) and sum
-// P V per 32 keys of the call (below).
+// kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read 16
+// K rows a column chunk at a time (not address order) and sum P V per 32 keys of the call (below).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
 //                   n <= j < round_up(n, 16) (overwrites; fp32 accumulate in the kernel's own fixed
 //                   order; lds >= round_up(n, 16)).
