@@ -156,12 +156,16 @@ constexpr std::int64_t kNextPageBytes = 1024;
 // Overlap (see the top of the file): in pieces of this many keys.
 constexpr std::int64_t kOverlapKeys = 32;
 
-// Into L2: rows [s, min(s + n, p.S)) of kv head kh of batch entry b, dense K (is_k) or V (none when
-// n <= 0).
-void prefetch_rows(const Problem& p, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s, std::int64_t n) {
+// How many keys of the other phase's rows a group that reads from DRAM prefetches as each phase starts
+// (run_group), and of the next page's rows as each page's calls start (for_each_piece).
+constexpr std::int64_t kPhaseAheadKeys = 32;
+
+// Into L2: rows [s, min(s + n, p.S)) of kv head kh of batch entry b, K (is_k) or V, dense or paged
+// (none when n <= 0).
+void prefetch_rows(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s,
+                   std::int64_t n) {
   const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
-  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j)
-    prefetch_row(key_row(p, nullptr, is_k, b, kh, j), row_bytes);
+  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) prefetch_row(key_row(p, pages, is_k, b, kh, j), row_bytes);
 }
 
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
@@ -228,12 +232,16 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
       if (scales.scale != nullptr)
         for (std::int64_t j = 0; j < len; ++j) gather_scales[j0 + j] = scales.scale[j * scales.ld];
     } else {
-      // The next page of the block: its first lines and its int8 scales' first line into L2 as this
-      // page's calls start, so that its stream does not begin with a miss (page 256 int8 1.04x
-      // faster, docs/performance.md, session 22).
+      // The next page of the block: its first kPhaseAheadKeys rows (at least kNextPageBytes) and its
+      // int8 scales' first line into L2 as this page's calls start, so that its stream does not begin
+      // with a miss (page 256 int8 1.04x faster with 1 KiB, docs/performance.md, session 22; 32 int8
+      // rows 1.07x faster than 1 KiB on Zen 4, session 33).
       if (s + len < s0 + n) {
         const char* next = row_at(s + len);
-        for (std::int64_t c = 0; c < kNextPageBytes; c += 64) __builtin_prefetch(next + c, 0, 2);
+        const std::int64_t bytes =
+            std::max(kNextPageBytes, std::min(kPhaseAheadKeys, s0 + n - s - len) * row_stride *
+                                         static_cast<std::int64_t>(dtype_size(dtype)));
+        for (std::int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(next + c, 0, 2);
         if (const PieceScales next_scales = scales_at(s + len); next_scales.scale != nullptr)
           __builtin_prefetch(next_scales.scale, 0, 2);
       }
@@ -248,9 +256,11 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
 // One KV block [s0, s0 + n) for rows [r0, r0 + R) of a task (lo, hi already hold each row's keys of
 // the block; block_seen the keys its last row sees; more: a group follows): S = scale Q K^T, the
 // softcap, the online softmax, O = O corr + P V. v_kept: this thread's last P.V call of the block had
-// keep_v (in and out).
+// keep_v (in and out). next_task's K rows from key next_s are what the thread reads after this block's
+// groups (the next head of a task group on the same block, or the next block).
 void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
-               std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t block_seen, bool more, bool& v_kept) {
+               std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t block_seen, bool more, bool& v_kept,
+               const FlashTask& next_task, std::int64_t next_s) {
   const FlashKernels& kern = *plan.kern;
   const std::int64_t Hp = plan.Hp;
   const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
@@ -278,14 +288,16 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
     kern.decode_qk_rows({w.s.as<float>() + j0, w.ld, q, Hp, k, dtype, ldk, len, p.H, Hp, p.scale, static_cast<int>(R),
                          ks.scale, ks.ld, in_pieces});
   };
-  // Dense int8 rows (no overlap; the group that reads them from DRAM): the kernels prefetch
-  // kDecodeInt8AheadKeys keys ahead of what they read (microkernels.hpp), and the first keys of each
-  // call go to L2 here, a phase early: V's before Q.K, the next block's K before P.V (Zen 4, 8
-  // sequences at T = 1: with the kernels' K prefetch 1.15x faster than neither, that alone 1.06x;
-  // docs/performance.md, session 32).
-  const bool int8_ahead = plan.pages == nullptr && piece == 0 && r0 == 0;
-  if (int8_ahead && p.v_dtype == DType::i8)
-    prefetch_rows(p, false, task.b, task.kh, s0, std::min<std::int64_t>(kDecodeInt8AheadKeys, keys_seen));
+  // The group that reads the rows from DRAM (the first; not with the overlap, which prefetches the
+  // other phase's rows itself, nor on converted rows): the first kPhaseAheadKeys keys of each phase go
+  // to L2 a phase early, V's before Q.K, the next K (next_task, next_s) before P.V. On Zen 4, 8
+  // sequences at T = 1: dense int8 1.06x faster, 1.15x with the int8 kernels' own prefetch of K
+  // kDecodeInt8AheadKeys keys ahead (microkernels.hpp; docs/performance.md, session 32); int8 page 256
+  // 1.07x (1.12x with for_each_piece's 32 rows of the next page), page 16 1.03-1.05x, bf16 page 16
+  // 1.03-1.05x; bf16 dense and page 256 no slower (session 33).
+  const bool phase_ahead = piece == 0 && r0 == 0 && !plan.convert_k && !plan.convert_v;
+  if (phase_ahead)
+    prefetch_rows(p, plan.pages, false, task.b, task.kh, s0, std::min(kPhaseAheadKeys, keys_seen));
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
   if (plan.convert_k)
@@ -296,7 +308,7 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                    w.gather_scales.as<float>(), pieces,
                    [&](std::int64_t j0, const void* k, std::int64_t len, std::int64_t ldk, PieceScales ks,
                        const void* const* in_pieces) {
-                     if (piece > 0) prefetch_rows(p, false, task.b, task.kh, s0 + j0, len);  // V, same keys
+                     if (piece > 0) prefetch_rows(p, nullptr, false, task.b, task.kh, s0 + j0, len);  // V, same keys
                      qk(j0, k, p.k_dtype, len, ldk, ks, in_pieces);
                    });
   // Softcap: S = c tanh(S / c) over the keys seen (the zeros past them stay 0).
@@ -314,10 +326,9 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                          moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces,
                          shares && more, shares && v_kept});
   };
-  const std::int64_t next_block = s0 + plan.work.bkv;
-  if (int8_ahead && p.k_dtype == DType::i8 && next_block < task.keys.end)
-    prefetch_rows(p, true, task.b, task.kh, next_block,
-                  std::min<std::int64_t>(kDecodeInt8AheadKeys, task.keys.end - next_block));
+  if (phase_ahead && next_s < next_task.keys.end)
+    prefetch_rows(p, plan.pages, true, next_task.b, next_task.kh, next_s,
+                  std::min(kPhaseAheadKeys, next_task.keys.end - next_s));
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else
@@ -327,7 +338,7 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                    [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs,
                        const void* const* in_pieces) {
                      const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
-                     if (piece > 0) prefetch_rows(p, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
+                     if (piece > 0) prefetch_rows(p, nullptr, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
                      pv(j0, v, p.v_dtype, len, ldv, vs, in_pieces);
                    });
   v_kept = shares && more;
@@ -397,7 +408,8 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
       // The row groups one after another on the same block, which stays in L2 after the first.
       bool v_kept = false;
       for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
-        run_group(p, plan, tasks[i], i, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1], r0 + plan.R < M, v_kept);
+        run_group(p, plan, tasks[i], i, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1], r0 + plan.R < M, v_kept,
+                  tasks[i + 1 < count ? i + 1 : 0], i + 1 < count ? s0 : s0 + bkv);
     }
   }
   for (std::int64_t i = 0; i < count; ++i)
