@@ -168,6 +168,15 @@ void prefetch_rows(const Problem& p, const KvPages* pages, bool is_k, std::int64
   for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) prefetch_row(key_row(p, pages, is_k, b, kh, j), row_bytes);
 }
 
+// Into L2: the int8 scales of the same keys, a line (16 scales) at a time where they lie together, as
+// quantize_kv writes them (none otherwise). Small pages' scales are a line each, anywhere.
+void prefetch_scales(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s,
+                     std::int64_t n) {
+  if ((is_k ? p.k_scale : p.v_scale) == nullptr) return;
+  for (std::int64_t j = s; j < std::min(s + n, p.S); j += 16)  // (16 keys lie in one page)
+    if (const PieceScales scales = key_scales(p, pages, is_k, b, kh, j); scales.ld == 1) prefetch_l2(scales.scale);
+}
+
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
 // page each (without pages: pieces of dense_piece keys, or the whole block when it is 0): j0 the
 // piece's first key relative to s0, row its first row, ld the elements between its rows, scales its
@@ -223,7 +232,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
       if (const PieceScales next_scales = scales_at(ahead); next_scales.scale != nullptr)
         for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); j += 16)
-          __builtin_prefetch(next_scales.scale + j * next_scales.ld);
+          prefetch_l2(next_scales.scale + j * next_scales.ld);
     }
     if (gathered) {
       for (std::int64_t j = 0; j < len; ++j)
@@ -241,9 +250,9 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
         const std::int64_t bytes =
             std::max(kNextPageBytes, std::min(kPhaseAheadKeys, s0 + n - s - len) * row_stride *
                                          static_cast<std::int64_t>(dtype_size(dtype)));
-        for (std::int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(next + c, 0, 2);
+        for (std::int64_t c = 0; c < bytes; c += 64) prefetch_l2(next + c);
         if (const PieceScales next_scales = scales_at(s + len); next_scales.scale != nullptr)
-          __builtin_prefetch(next_scales.scale, 0, 2);
+          prefetch_l2(next_scales.scale);
       }
       f(j0, row, len, row_stride, scales, nullptr);
     }
@@ -289,15 +298,18 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                          ks.scale, ks.ld, in_pieces});
   };
   // The group that reads the rows from DRAM (the first; not with the overlap, which prefetches the
-  // other phase's rows itself, nor on converted rows): the first kPhaseAheadKeys keys of each phase go
-  // to L2 a phase early, V's before Q.K, the next K (next_task, next_s) before P.V. On Zen 4, 8
-  // sequences at T = 1: dense int8 1.06x faster, 1.15x with the int8 kernels' own prefetch of K
-  // kDecodeInt8AheadKeys keys ahead (microkernels.hpp; docs/performance.md, session 32); int8 page 256
-  // 1.07x (1.12x with for_each_piece's 32 rows of the next page), page 16 1.03-1.05x, bf16 page 16
-  // 1.03-1.05x; bf16 dense and page 256 no slower (session 33).
+  // other phase's rows itself, nor on converted rows): the first kPhaseAheadKeys rows of each phase
+  // and the int8 scales of its block go to L2 a phase early, V's before Q.K, the next K's (next_task
+  // from next_s) before P.V. On Zen 4, 8 sequences at T = 1: dense int8 1.06x faster, 1.15x with the
+  // int8 kernels' own prefetch of K kDecodeInt8AheadKeys keys ahead (microkernels.hpp;
+  // docs/performance.md, session 32); the rows: int8 page 256 1.07x (1.12x with for_each_piece's 32
+  // rows of the next page), page 16 1.03-1.05x, bf16 page 16 1.03-1.05x, bf16 dense and page 256 no
+  // slower; the scales on top: int8 page 16 1.14x, page 256 1.14x (session 33).
   const bool phase_ahead = piece == 0 && r0 == 0 && !plan.convert_k && !plan.convert_v;
-  if (phase_ahead)
+  if (phase_ahead) {
     prefetch_rows(p, plan.pages, false, task.b, task.kh, s0, std::min(kPhaseAheadKeys, keys_seen));
+    prefetch_scales(p, plan.pages, false, task.b, task.kh, s0, keys_seen);
+  }
   // S = scale Q K^T over the first keys_seen keys (page by page when paged; the block's bf16 copy when
   // converted).
   if (plan.convert_k)
@@ -326,9 +338,12 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                          moved && j0 == 0 ? corr : nullptr, static_cast<int>(R), vs.scale, vs.ld, in_pieces,
                          shares && more, shares && v_kept});
   };
-  if (phase_ahead && next_s < next_task.keys.end)
+  if (phase_ahead && next_s < next_task.keys.end) {
     prefetch_rows(p, plan.pages, true, next_task.b, next_task.kh, next_s,
                   std::min(kPhaseAheadKeys, next_task.keys.end - next_s));
+    prefetch_scales(p, plan.pages, true, next_task.b, next_task.kh, next_s,
+                    std::min(plan.work.bkv, next_task.keys.end - next_s));
+  }
   if (plan.convert_v)
     pv(0, w.v_bf16.data(), DType::bf16, keys_seen, Hp, {}, nullptr);
   else

@@ -98,7 +98,7 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
       const std::int64_t key = next + (is_k ? i : i - next_n);
       prefetch_row(key_row(p, plan.pages, is_k, task.b, task.kh, key), is_k ? k_row_bytes : v_row_bytes);
       if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
-        __builtin_prefetch(key_scales(p, plan.pages, is_k, task.b, task.kh, key).scale, 0, 2);
+        prefetch_l2(key_scales(p, plan.pages, is_k, task.b, task.kh, key).scale);
     }
   };
   for (std::int64_t c = 0; c < npad; c += kPanelKeys) {

@@ -8,6 +8,7 @@
 
 #include "core/aligned_buffer.hpp"
 #include "core/dtype.hpp"
+#include "core/prefetch.hpp"
 #include "core/problem.hpp"
 #include "flash/flash_decode.hpp"
 #include "flash/kv_splits.hpp"
@@ -80,9 +81,9 @@ inline PieceScales key_scales(const Problem& p, const KvPages* pages, bool is_k,
   return entry_scales(p, is_k, pages->table[s / pages->page_size], kh, s % pages->page_size);
 }
 
-// Into L2 (prefetcht1), line by line: the row_bytes bytes at row.
+// Into L2 (prefetch_l2), line by line: the row_bytes bytes at row.
 inline void prefetch_row(const char* row, std::int64_t row_bytes) {
-  for (std::int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(row + c, 0, 2);
+  for (std::int64_t c = 0; c < row_bytes; c += 64) prefetch_l2(row + c);
 }
 
 // Packed blocks (flash_decode_packed.cpp). block_pieces: where each 16 keys of the block [s0, s0 + n)

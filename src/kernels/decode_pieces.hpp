@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/prefetch.hpp"
 #include "kernels/microkernels.hpp"
 
 namespace flashgqa {
@@ -44,11 +45,9 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
-// Into L2 (prefetcht1): every line of `count` rows of row_bytes from `first`, ld_bytes apart (rows
-// that follow one another as one span, so a misaligned row's lines are not fetched twice). The
-// prefetch is an asm statement: where GCC inlined this loop written with _mm_prefetch into the
-// kernels, it deleted it, prefetches and all (the row bytes then unused), as the assembly showed.
-inline void prefetch_l2(const char* line) { asm volatile("prefetcht1 %0" : : "m"(*line)); }
+// Into L2 (prefetch_l2): every line of `count` rows of row_bytes from `first`, ld_bytes apart (rows
+// that follow one another as one span, so a misaligned row's lines are not fetched twice). Written
+// with _mm_prefetch, GCC deleted this loop where it inlined it into the kernels (session 32).
 inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, std::int64_t ld_bytes,
                                                             std::int64_t row_bytes, int count) {
   const auto lines = [](const char* from, std::int64_t bytes) {
