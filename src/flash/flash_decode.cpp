@@ -160,12 +160,27 @@ constexpr std::int64_t kOverlapKeys = 32;
 // (run_group), and of the next page's rows as each page's calls start (for_each_piece).
 constexpr std::int64_t kPhaseAheadKeys = 32;
 
+// f(j, run) for the runs of keys [s, min(s + n, p.S)) that lie in one page each (dense: one run).
+template <typename F>
+void for_each_run(const Problem& p, const KvPages* pages, std::int64_t s, std::int64_t n, F f) {
+  const std::int64_t end = std::min(s + n, p.S);
+  for (std::int64_t j = s; j < end;) {
+    const std::int64_t run = pages != nullptr ? std::min(end - j, pages->page_size - j % pages->page_size) : end - j;
+    f(j, run);
+    j += run;
+  }
+}
+
 // Into L2: rows [s, min(s + n, p.S)) of kv head kh of batch entry b, K (is_k) or V, dense or paged
 // (none when n <= 0).
 void prefetch_rows(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s,
                    std::int64_t n) {
-  const std::int64_t row_bytes = p.H * static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
-  for (std::int64_t j = s; j < std::min(s + n, p.S); ++j) prefetch_row(key_row(p, pages, is_k, b, kh, j), row_bytes);
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(is_k ? p.k_dtype : p.v_dtype));
+  const std::int64_t row_bytes = p.H * elem, ld_bytes = (is_k ? p.k_stride[2] : p.v_stride[2]) * elem;
+  for_each_run(p, pages, s, n, [&](std::int64_t j, std::int64_t run) {
+    const char* row = key_row(p, pages, is_k, b, kh, j);
+    for (std::int64_t i = 0; i < run; ++i) prefetch_row(row + i * ld_bytes, row_bytes);
+  });
 }
 
 // Into L2: the int8 scales of the same keys, a line (16 scales) at a time where they lie together, as
@@ -173,8 +188,10 @@ void prefetch_rows(const Problem& p, const KvPages* pages, bool is_k, std::int64
 void prefetch_scales(const Problem& p, const KvPages* pages, bool is_k, std::int64_t b, std::int64_t kh, std::int64_t s,
                      std::int64_t n) {
   if ((is_k ? p.k_scale : p.v_scale) == nullptr) return;
-  for (std::int64_t j = s; j < std::min(s + n, p.S); j += 16)  // (16 keys lie in one page)
-    if (const PieceScales scales = key_scales(p, pages, is_k, b, kh, j); scales.ld == 1) prefetch_l2(scales.scale);
+  for_each_run(p, pages, s, n, [&](std::int64_t j, std::int64_t run) {
+    if (const PieceScales scales = key_scales(p, pages, is_k, b, kh, j); scales.ld == 1)
+      for (std::int64_t i = 0; i < run; i += 16) prefetch_l2(scales.scale + i);
+  });
 }
 
 // f(j0, row, n, ld, scales, pieces) for the pieces of keys [s0, s0 + n) of kv head kh that lie in one
@@ -304,7 +321,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
   // int8 kernels' own prefetch of K kDecodeInt8AheadKeys keys ahead (microkernels.hpp;
   // docs/performance.md, session 32); the rows: int8 page 256 1.07x (1.12x with for_each_piece's 32
   // rows of the next page), page 16 1.03-1.05x, bf16 page 16 1.03-1.05x, bf16 dense and page 256 no
-  // slower; the scales on top: int8 page 16 1.14x, page 256 1.14x (session 33).
+  // slower; the scales on top: int8 page 16 1.17x (with all of it page 16 1.24x, page 256 1.14x,
+  // session 33).
   const bool phase_ahead = piece == 0 && r0 == 0 && !plan.convert_k && !plan.convert_v;
   if (phase_ahead) {
     prefetch_rows(p, plan.pages, false, task.b, task.kh, s0, std::min(kPhaseAheadKeys, keys_seen));
@@ -353,7 +371,8 @@ void run_group(const Problem& p, const Plan& plan, const FlashTask& task, std::i
                    [&](std::int64_t j0, const void* v, std::int64_t len, std::int64_t ldv, PieceScales vs,
                        const void* const* in_pieces) {
                      const std::int64_t next = s0 + plan.work.bkv + j0;  // K of the task's next block
-                     if (piece > 0) prefetch_rows(p, nullptr, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
+                     if (piece > 0)
+                       prefetch_rows(p, nullptr, true, task.b, task.kh, next, std::min(len, task.keys.end - next));
                      pv(j0, v, p.v_dtype, len, ldv, vs, in_pieces);
                    });
   v_kept = shares && more;

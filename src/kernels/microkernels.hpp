@@ -93,9 +93,10 @@
 // 1..decode_max_rows (kDecodeMaxRows; amx: kAmxDecodeMaxRows, its row groups). The kernels issue no
 // software prefetch: reading the rows line after line lets the hardware prefetchers run the stream
 // (docs/performance.md, decode I); the policy prefetches where they cannot (small pages it gathers,
-// and the overlap of flash_decode.cpp). A set with decode_row_pieces also takes bf16 and int8 rows in
-// pieces of kDecodePieceKeys keys, each at its own address (k_pieces, v_pieces; int8 scales where they
-// always are, k_scale/v_scale; the pieces of one call give the bits of the same rows together), and
+// the overlap of flash_decode.cpp, and each phase's first rows and int8 scales a phase early). A set
+// with decode_row_pieces also takes bf16 and int8 rows in pieces of kDecodePieceKeys keys, each at its
+// own address (k_pieces, v_pieces; int8 scales where they always are, k_scale/v_scale; the pieces of
+// one call give the bits of the same rows together), and
 // there, as each piece starts, prefetches a piece ahead into L2, as the hardware prefetchers do not
 // cross into it (decode_pieces.hpp: on the AVX-512 vector kernels every line of the next piece and the
 // first line of the one after it, on the amx tiles the first line of the piece after next).
@@ -103,7 +104,7 @@
 // kDecodeInt8AheadKeys keys, which its passes read out of order, and their int8 Q.K on dense rows the
 // K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time per byte is twice
 // bf16's, and the hardware prefetchers alone left part of each row's DRAM time exposed); the policy
-// prefetches the first kDecodeInt8AheadKeys keys of each such call (flash_decode.cpp). The amx set's
+// prefetches the first keys of every call a phase early (flash_decode.cpp). The amx set's
 // kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read 16
 // K rows a column chunk at a time (not address order) and sum P V per 32 keys of the call (below).
 //   decode_qk_rows: S[r][j] = scale * sum_{h<H} Q[r][h] K[j][h] for j < n, S[r][j] = 0 for
