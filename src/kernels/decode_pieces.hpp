@@ -6,8 +6,6 @@
 // anonymous namespace, so each unit gets its own copy.
 #pragma once
 
-#include <immintrin.h>
-
 #include <cstdint>
 
 #include "core/prefetch.hpp"
@@ -30,11 +28,12 @@ struct KeyRows {
 
 // In pieces, the hardware prefetchers do not cross from one piece into the next, which lies anywhere:
 // as piece j / kDecodePieceKeys starts (of a call of n keys), the first line of the piece `ahead`
-// pieces on goes to L2 (prefetcht1), which starts its page walk and DRAM access early (page 16 1.12x
-// faster on Sapphire Rapids than without; docs/performance.md, session 19).
+// pieces on goes to L2 (prefetch_l2: a prefetch-only helper GCC cannot find pure), which starts its
+// page walk and DRAM access early (page 16 1.12x faster on Sapphire Rapids than without;
+// docs/performance.md, session 19).
 inline void prefetch_next_piece(const void* const* pieces, std::int64_t n, std::int64_t j, int ahead = 1) {
   const std::int64_t next = j / kDecodePieceKeys + ahead;
-  if (next * kDecodePieceKeys < n) _mm_prefetch(static_cast<const char*>(pieces[next]), _MM_HINT_T1);
+  if (next * kDecodePieceKeys < n) prefetch_l2(pieces[next]);
 }
 
 // Key j's row (n keys in all), in pieces or not; with `prefetch`, where j starts a piece, the first
