@@ -243,9 +243,7 @@ void for_each_piece(const Problem& p, const KvPages* pages, bool is_k, std::int6
     // session 10), as the L1's few miss buffers no longer hold the prefetches back.
     const std::int64_t ahead = s + len + (kPrefetchPieces - 1) * pages->page_size;  // a page's first key
     if (gathered && ahead < s0 + n) {
-      const char* next = row_at(ahead);
-      for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); ++j)
-        prefetch_row(next + j * row_stride * static_cast<std::int64_t>(dtype_size(dtype)), row_bytes);
+      prefetch_rows(p, pages, is_k, b, kh, ahead, std::min(pages->page_size, s0 + n - ahead));
       // An int8 page's scales are a line of their own elsewhere: without this, a miss per page.
       if (const PieceScales next_scales = scales_at(ahead); next_scales.scale != nullptr)
         for (std::int64_t j = 0; j < std::min(pages->page_size, s0 + n - ahead); j += 16)
