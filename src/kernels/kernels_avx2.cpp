@@ -359,7 +359,8 @@ const FlashKernels& avx2_decode_kernels() {
                               .decode_rows_to_bf16 = avx2_decode_rows_to_bf16,
                               .softmax_grad_pack = nullptr,
                               .int8_on_integers = true,
-                              .decode_overlap_rows = 0};
+                              .decode_overlap_rows = 0,
+                              .decode_row_pieces = true};
   return k;
 }
 

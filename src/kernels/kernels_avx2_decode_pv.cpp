@@ -34,12 +34,15 @@ inline void touch(const char* p) {
   __asm__ volatile("" ::"r"(x));
 }
 
-// Rows j0 .. j1 of `base` (ld_bytes apart, row_bytes each) touched line by line in address order.
-inline void touch_rows(const char* base, std::int64_t ld_bytes, std::int64_t row_bytes, std::int64_t j0,
-                       std::int64_t j1) {
-  for (std::int64_t j = j0; j < j1; ++j)
+// Rows j0 .. j1 (row_bytes each, dense or in pieces) touched line by line in address order; in pieces,
+// as each piece starts, every line of the next piece into L2 first (step_rows_ahead: the hardware
+// prefetchers do not cross into it).
+inline void touch_rows(const KeyRows& rows, std::int64_t row_bytes, std::int64_t j0, std::int64_t j1, std::int64_t n) {
+  for (std::int64_t j = j0; j < j1; ++j) {
+    const char* row = step_rows_ahead(rows.base, rows.pieces, rows.ld_bytes, row_bytes, j, n);
 #pragma GCC unroll 8
-    for (std::int64_t b = 0; b < row_bytes; b += 64) touch(base + j * ld_bytes + b);
+    for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
+  }
 }
 
 // Row blocks: 4, 2 or 1 rows; a block's column passes take 4 / RB chunks.
@@ -59,10 +62,12 @@ inline void weights(const DecodePv& t, std::int64_t j0, std::int64_t j1, float (
 }
 
 // O[r0 + r][16 c0 .. 16 (c0 + NC)) (split chunks) += sum_{j0 <= j < j1} w[r0 + r][j - j0] V[j][...], key
-// by key; keys j >= n are zero rows (not read).
+// by key; keys j >= n are zero rows (not read). Key j's row: v.at(j, at.row(j))'s first (in pieces, each
+// piece's keys in one run).
 template <int RB, int NC, typename Rows>
 inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
-                                                   int r0, int c0, std::int64_t j0, std::int64_t j1, const Rows& v) {
+                                                   int r0, int c0, std::int64_t j0, std::int64_t j1, const Rows& v,
+                                                   const KeyRows& at) {
   float* o = t.o + r0 * t.ldo + kChunk * c0;
   __m256 acc[RB][2 * NC];
 #pragma GCC unroll 4
@@ -71,17 +76,22 @@ inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const floa
     for (int i = 0; i < 2 * NC; ++i) acc[r][i] = _mm256_load_ps(o + r * t.ldo + 8 * i);
   const std::int64_t read_end = j1 < t.n ? j1 : t.n;
   std::int64_t j = j0;
-  for (; j < read_end; ++j) {
-    __m256 x[RB];
+  while (j < read_end) {
+    const std::int64_t run_end =
+        at.pieces == nullptr ? read_end : std::min(read_end, (j / kDecodePieceKeys + 1) * kDecodePieceKeys);
+    const Rows vr = v.at(j, at.row(j));
+    for (std::int64_t i = 0; j < run_end; ++j, ++i) {
+      __m256 x[RB];
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) x[r] = _mm256_broadcast_ss(&w[r0 + r][j - j0]);
+      for (int r = 0; r < RB; ++r) x[r] = _mm256_broadcast_ss(&w[r0 + r][j - j0]);
 #pragma GCC unroll 4
-    for (int c = 0; c < NC; ++c) {
-      const Halves vc = v.chunk(j, c0 + c);
+      for (int c = 0; c < NC; ++c) {
+        const Halves vc = vr.chunk(i, c0 + c);
 #pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) {
-        acc[r][2 * c] = _mm256_fmadd_ps(x[r], vc.even, acc[r][2 * c]);
-        acc[r][2 * c + 1] = _mm256_fmadd_ps(x[r], vc.odd, acc[r][2 * c + 1]);
+        for (int r = 0; r < RB; ++r) {
+          acc[r][2 * c] = _mm256_fmadd_ps(x[r], vc.even, acc[r][2 * c]);
+          acc[r][2 * c + 1] = _mm256_fmadd_ps(x[r], vc.odd, acc[r][2 * c + 1]);
+        }
       }
     }
   }
@@ -103,12 +113,13 @@ inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const floa
 // last ones one chunk at a time where they do not divide nchunks).
 template <int R, typename Rows>
 inline __attribute__((always_inline)) void pv_group(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
-                                                    std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v) {
+                                                    std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v,
+                                                    const KeyRows& at) {
   row_blocks<R>([&](auto rb, int r0) {
     constexpr int RB = decltype(rb)::value, NC = pass_chunks<RB>();
     int c0 = 0;
-    for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v);
-    for (; c0 < nchunks; ++c0) pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v);
+    for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v, at);
+    for (; c0 < nchunks; ++c0) pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v, at);
   });
 }
 
@@ -143,11 +154,12 @@ void rescale_o(const DecodePv& t) {
 template <int R>
 void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   const AnyRows v{static_cast<const char*>(t.v), t.ldv * elem_bytes(t.v_dtype), t.v_dtype, t.H, t.v_scale, t.ld_scale};
+  const KeyRows at{v.base, t.v_pieces, v.ld_bytes};
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
     const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
     weights<R>(t, j0, j1, w);
-    pv_group<R>(t, w, j0, j1, static_cast<int>(t.Hp / kChunk), v);
+    pv_group<R>(t, w, j0, j1, static_cast<int>(t.Hp / kChunk), v, at);
   }
 }
 
@@ -163,13 +175,14 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
   const std::int64_t most = kPvFastGroupBytes / (2 * kChunk * nc) / 8 * 8;
   const std::int64_t group = most < 8 ? 8 : most > kPvMaxGroup ? kPvMaxGroup : most;
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
+  const KeyRows at{v.base, t.v_pieces, v.ld_bytes};
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
   for (std::int64_t j0 = 0; j0 < full; j0 += group) {
     const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
-    touch_rows(v.base, v.ld_bytes, 2 * t.H, j0, j1);  // the group in address order first (see the top)
+    touch_rows(at, 2 * t.H, j0, j1, t.n);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
-    if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v);
-    else pv_group<R>(t, w, j0, j1, nc, v);
+    if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v, at);
+    else pv_group<R>(t, w, j0, j1, nc, v, at);
   }
   pv_rows<R>(t, full);
 }
@@ -264,23 +277,24 @@ inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
   }
 }
 
-// Key j's int8 values at columns [16 c, 16 c + 16) sign-extended to int16 (zero past H, and for keys
-// not read).
+// The group's key j's int8 values at columns [16 c, 16 c + 16), its row at vg + j ldv, sign-extended to
+// int16 (zero past H, and for keys not read).
 template <bool kWhole>
-inline __m256i i8_row(const DecodePv& t, std::int64_t jg, int j, int read, int c) {
+inline __m256i i8_row(const DecodePv& t, const char* vg, int j, int read, int c) {
   if (j >= read) return _mm256_setzero_si256();
-  return load16_i8<kWhole>(static_cast<const char*>(t.v) + (jg + j) * t.ldv, std::int64_t{kChunk} * c, t.H);
+  return load16_i8<kWhole>(vg + j * t.ldv, std::int64_t{kChunk} * c, t.H);
 }
 
-// The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1).
+// The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1); its first key's
+// row at vg (the group's 16 keys lie in one piece of a call in pieces).
 template <int RB, bool kWhole>
-inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I16Weights& g, int r0, std::int64_t jg,
+inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I16Weights& g, int r0, const char* vg,
                                                     int c) {
   __m256i lo[RB], hi[RB];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
   for (int j = 0; j < g.keys; j += 2) {
-    const __m256i a = i8_row<kWhole>(t, jg, j, g.keys, c), b = i8_row<kWhole>(t, jg, j + 1, g.keys, c);
+    const __m256i a = i8_row<kWhole>(t, vg, j, g.keys, c), b = i8_row<kWhole>(t, vg, j + 1, g.keys, c);
     const __m256i pl = _mm256_unpacklo_epi16(a, b), ph = _mm256_unpackhi_epi16(a, b);
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) {
@@ -297,7 +311,7 @@ inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I1
     if (__builtin_expect(g.bad[r0 + r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
       for (int j = 0; j < g.keys; ++j) {
         const __m256 w = _mm256_set1_ps(g.w[r0 + r][j]);
-        const __m256i x = i8_row<kWhole>(t, jg, j, g.keys, c);
+        const __m256i x = i8_row<kWhole>(t, vg, j, g.keys, c);
         const __m256 x0 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(x)));
         const __m256 x1 = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(x, 1)));
         _mm256_store_ps(o, _mm256_fmadd_ps(w, x0, _mm256_load_ps(o)));
@@ -323,13 +337,15 @@ void pv_rows_i16(const DecodePv& t) {
   // The chunks that hold a value of the row: those past H would add V's zeros (left out, as the contract
   // allows, in columns never output).
   const int nc = chunks_of<0>(t.H);
+  const KeyRows at{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);
-    touch_rows(static_cast<const char*>(t.v), t.ldv, t.H, jg, jg + g.keys);
+    touch_rows(at, t.H, jg, jg + g.keys, t.n);
+    const char* vg = at.row(jg);  // (the pieces hold key round_up(nkeys, 16) - 1's row)
     for (int c = 0; c < nc; ++c)
       row_blocks<R>([&](auto rb, int r0) {
-        if (whole || c + 1 < nc) i16_chunk<decltype(rb)::value, true>(t, g, r0, jg, c);
-        else i16_chunk<decltype(rb)::value, false>(t, g, r0, jg, c);
+        if (whole || c + 1 < nc) i16_chunk<decltype(rb)::value, true>(t, g, r0, vg, c);
+        else i16_chunk<decltype(rb)::value, false>(t, g, r0, vg, c);
       });
   }
 }

@@ -95,8 +95,8 @@ inline __attribute__((always_inline)) void store_logits(float* s, std::int64_t l
   }
 }
 
-// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys: keys j0 + j with j < nj are read, nc chunks
-// each (kNc when it is not 0: the fast path, its chunk loop unrolled); the others are 0. Chunk by chunk
+// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys, key j0 + j being k's key j: those with j < nj
+// are read, nc chunks each (kNc when it is not 0: the fast path, its chunk loop unrolled); the others are 0. Chunk by chunk
 // across the KG keys (their rows lie side by side), so each Q chunk loaded serves every key: with RB <= 2
 // the block's Q chunks stay in registers while the keys come one by one, with RB >= 4 the keys' K
 // chunks do while the rows come one by one (Q as memory operands once per FMA pair was bound by the
@@ -122,14 +122,14 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& 
 #pragma GCC unroll 8
       for (int j = 0; j < KG; ++j) {
         if (j >= nj) break;
-        const Halves kc = k.chunk(j0 + j, c);
+        const Halves kc = k.chunk(j, c);
 #pragma GCC unroll 2
         for (int r = 0; r < RB; ++r) mac(r, j, qc[r], kc);
       }
     } else {
       Halves kc[KG];
 #pragma GCC unroll 2
-      for (int j = 0; j < KG; ++j) kc[j] = j < nj ? k.chunk(j0 + j, c) : Halves{_mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int j = 0; j < KG; ++j) kc[j] = j < nj ? k.chunk(j, c) : Halves{_mm256_setzero_ps(), _mm256_setzero_ps()};
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
         const Halves qc = qh.chunk(r0 + r, c);
@@ -150,36 +150,41 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& 
   store_logits<RB>(t.s + r0 * t.lds + j0, t.lds, _mm256_mul_ps(transpose_add8(acc), _mm256_set1_ps(t.scale)));
 }
 
-// S[r][j0 .. j0 + 8) for the R rows in blocks of 8, 4, 2, 1; keys j0 + j with j < nj are read.
+// S[r][j0 .. j0 + 8) for the R rows in blocks of 8, 4, 2, 1; key j0 + j is k's key j, read where j < nj
+// (the 8 keys lie in one piece of a call in pieces).
 template <int R, int kNc, typename Q, typename Rows>
 inline __attribute__((always_inline)) void qk_group(const DecodeQk& t, const Q& q, const Rows& k, std::int64_t j0,
                                                     int nj, int nc) {
   row_blocks<R, 8>([&](auto rb, int r0) {
     constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
-    for (int jj = 0; jj < kQkAcc; jj += KG) qk_block<RB, kNc>(t, q, k, r0, j0 + jj, nj - jj, nc);
+    for (int jj = 0; jj < kQkAcc; jj += KG) qk_block<RB, kNc>(t, q, k.at(jj), r0, j0 + jj, nj - jj, nc);
   });
 }
 
 // The generic path: S[r][j] for j in [j_begin, round_up(n, 16)) (j_begin a multiple of 8), any dtype
-// and H: Hp / 16 chunks per key (Q is zero past H, the loads zero K there).
+// and H: Hp / 16 chunks per key (Q is zero past H, the loads zero K there), dense rows or pieces.
 template <int R, typename Q>
 void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
   const AnyRows k{static_cast<const char*>(t.k), t.ldk * elem_bytes(t.k_dtype), t.k_dtype, t.H, t.k_scale, t.ld_scale};
+  const KeyRows rows{k.base, t.k_pieces, k.ld_bytes};
   const int nc = static_cast<int>(t.Hp / kChunk);
-  const std::int64_t end = (t.n + 15) / 16 * 16;
-  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
+  const std::int64_t end = (t.n + 15) / 16 * 16;  // (the pieces hold key end - 1's row)
+  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc)
+    qk_group<R, 0>(t, q, k.at(j0, rows.row(j0)), j0, keys_in(t.n - j0, kQkAcc), nc);
 }
 
 // The fast path for bf16 or int8 rows of HC chunks (with_fast_chunks; HC = 0: ceil(H / 16) of them, a
 // count at run time; kTail: the last one partial): whole groups of 8 keys over the chunks that hold a
 // value of the row, then the generic path for the rest. The same sums in the same order (the generic
 // path's chunks past them add Q's zeros): the same bits.
+// In pieces, every line of the next piece goes to L2 as each piece starts (step_rows_ahead).
 template <int R, int HC, typename Q, typename Rows>
 void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
-  const std::int64_t full = t.n / kQkAcc * kQkAcc;
+  const std::int64_t full = t.n / kQkAcc * kQkAcc, row_bytes = t.H * elem_bytes(t.k_dtype);
   const int nc = chunks_of<HC>(t.H);
-  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) qk_group<R, HC>(t, q, k, j0, kQkAcc, nc);
+  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc)
+    qk_group<R, HC>(t, q, k.at(j0, step_rows_ahead(k.base, t.k_pieces, k.ld_bytes, row_bytes, j0, t.n)), j0, kQkAcc, nc);
   qk_rows<R>(t, q, full);
 }
 
@@ -232,13 +237,13 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
   return true;
 }
 
-// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
-// counted at run time: ceil(H / 16)), keys one by one with the block's Q chunk per row from L1.
+// S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0; key j0 + j's row at
+// k + j ldk), kNc chunks per key (0: nc, counted at run time: ceil(H / 16)), keys one by one with the
+// block's Q chunk per row from L1.
 template <int RB, int kNc, bool kWhole>
 inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
-                                                       int r0, std::int64_t j0, int nj, int nc) {
+                                                       const char* k, int r0, std::int64_t j0, int nj, int nc) {
   constexpr int KG = kQkAcc / RB;
-  const char* k = static_cast<const char*>(t.k);
   __m256i acc[kQkAcc];
 #pragma GCC unroll 8
   for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_si256();
@@ -248,7 +253,7 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 #pragma GCC unroll 8
     for (int j = 0; j < KG; ++j) {
       if (j >= nj) break;
-      const __m256i kc = load16_i8<kWhole>(k + (j0 + j) * t.ldk, std::int64_t{kChunk} * c, t.H);
+      const __m256i kc = load16_i8<kWhole>(k + j * t.ldk, std::int64_t{kChunk} * c, t.H);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r)
         acc[r * KG + j] = _mm256_add_epi32(
@@ -282,14 +287,18 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 // whose chunks are all whole (not kTail), then the rest (the last partial group, the zero keys, every
 // group where kTail) masked. The int32 sums are exact, so the chunks past H (Q's zeros) would change
 // nothing.
+// In pieces, every line of the next piece goes to L2 as each piece starts (step_rows_ahead).
 template <int R, int HC, bool kTail>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
   const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) {
+    // Key j0's row (the group's 8 keys lie in one piece; the pieces hold key round_up(n, 16) - 1's).
+    const char* k = step_rows_ahead(t.k, t.k_pieces, t.ldk, t.H, j0, t.n);
     row_blocks<R, 8>([&](auto rb, int r0) {
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
       for (int jj = 0; jj < kQkAcc; jj += KG)
-        qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj, nc);
+        qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, factor, k + jj * t.ldk, r0, j0 + jj,
+                                                                      nj - jj, nc);
     });
   };
   const int nc = chunks_of<HC>(t.H);

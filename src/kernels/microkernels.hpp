@@ -98,8 +98,9 @@
 // own address (k_pieces, v_pieces; int8 scales where they always are, k_scale/v_scale; the pieces of
 // one call give the bits of the same rows together), and
 // there, as each piece starts, prefetches a piece ahead into L2, as the hardware prefetchers do not
-// cross into it (decode_pieces.hpp: on the AVX-512 vector kernels every line of the next piece and the
-// first line of the one after it, on the amx tiles the first line of the piece after next).
+// cross into it (decode_pieces.hpp: on the vector kernels, AVX-512 and avx2, every line of the next
+// piece and the first line of the one after it, on the amx tiles the first line of the piece after
+// next).
 // The AVX-512 sets' int8 P.V in the integers form prefetches the V rows of its next
 // kDecodeInt8AheadKeys keys, which its passes read out of order, and their int8 Q.K on dense rows the
 // K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time per byte is twice
