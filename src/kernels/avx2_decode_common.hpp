@@ -15,10 +15,11 @@
 // order first), with no software prefetch (32 to 256 keys ahead it did not help on Zen 3:
 // docs/performance.md, sessions 13 and 14) but in pieces. bf16 and int8 rows may come in pieces of 16
 // keys, each at its own address (DecodeQk::k_pieces, DecodePv::v_pieces: small pages read where they
-// lie): the rows types' at(j, row) rebase a group of keys that lie in one piece onto its first row
-// (KeyRows gives it, decode_pieces.hpp), and every line of the next piece goes to L2 as each piece
-// starts (step_rows_ahead), as the hardware prefetchers do not cross into it (session 34: page 16
-// 1.32x faster than copying the pieces together first, on Zen 4 with AVX-512 hidden).
+// lie): Q.K runs one call per piece, P.V's passes rebase each piece's run of keys onto its first row
+// (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp), and every line of the next
+// piece goes to L2 as each piece starts (step_rows_ahead), as the hardware prefetchers do not cross
+// into it (session 34: page 16 1.28-1.30x faster than copying the pieces together first, on Zen 4 with
+// AVX-512 hidden).
 #pragma once
 
 #include <immintrin.h>
@@ -59,7 +60,6 @@ struct Bf16Rows {
   const char* base;
   std::int64_t ld_bytes;
   std::int64_t H = 0;  // kTail only
-  Bf16Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, H}; }
   Bf16Rows at(std::int64_t, const char* row) const { return {row, ld_bytes, H}; }  // key j's row at `row` (a piece's)
   Halves chunk(std::int64_t j, int c) const {
     if constexpr (kTail)
@@ -78,8 +78,6 @@ struct Int8Rows {
   const float* scale;
   std::int64_t ld_scale;
   std::int64_t H = 0;  // kTail only
-  Int8Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, scale + j * ld_scale, ld_scale, H}; }
-  Int8Rows at(std::int64_t j, const char* row) const { return {row, ld_bytes, scale + j * ld_scale, ld_scale, H}; }
   Halves chunk(std::int64_t j, int c) const {
     if constexpr (kTail)
       if (c == H / kChunk)
@@ -178,8 +176,7 @@ struct AnyRows {
   std::int64_t H;
   const float* scale;  // int8: key j's at scale[j * ld_scale]; else null
   std::int64_t ld_scale;
-  AnyRows at(std::int64_t j) const { return at(j, base + j * ld_bytes); }
-  AnyRows at(std::int64_t j, const char* row) const {
+  AnyRows at(std::int64_t j, const char* row) const {  // key j's row at `row` (a piece's)
     return {row, ld_bytes, dtype, H, scale != nullptr ? scale + j * ld_scale : nullptr, ld_scale};
   }
   Halves chunk(std::int64_t j, int c) const {

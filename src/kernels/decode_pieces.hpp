@@ -61,13 +61,14 @@ inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, s
   }
 }
 
-// As step_rows, for the vector kernels (AVX-512 and avx2): where j starts a piece, every line of the next piece's
-// rows (kDecodePieceKeys rows of row_bytes, ld_bytes apart) into L2, and the first line of the piece
-// after it, whose page walk then starts a piece early. Small pages lie anywhere, so each piece starts
-// with a TLB miss and a cold stream. On Zen 4 (8 sequences, T = 1, page 16 bf16) the first line alone
-// left the core waiting on each piece; the whole piece and the early page walk read it 1.8-1.9x faster
-// (docs/performance.md, session 31). On the avx2 set (Zen 4 with AVX-512 hidden), pieces read this way
-// instead of copied together first: page 16 1.32x faster, bf16 and int8 (session 34).
+// As step_rows, for the vector kernels (AVX-512 and avx2): where j starts a piece, every line of the
+// next piece's rows (kDecodePieceKeys rows of row_bytes, ld_bytes apart) into L2, and the first line of
+// the piece after it, whose page walk then starts a piece early. Small pages lie anywhere, so each
+// piece starts with a TLB miss and a cold stream. On Zen 4 (8 sequences, T = 1, page 16 bf16) the first
+// line alone left the core waiting on each piece; the whole piece and the early page walk read it
+// 1.8-1.9x faster (docs/performance.md, session 31). On the avx2 set (Zen 4 with AVX-512 hidden),
+// pieces read this way instead of copied together first: page 16 1.28-1.30x faster, bf16 and int8
+// (session 34).
 inline const char* step_rows_ahead(const void* rows, const void* const* pieces, std::int64_t ld_bytes,
                                    std::int64_t row_bytes, std::int64_t j, std::int64_t n) {
   if (pieces != nullptr && j % kDecodePieceKeys == 0) {
