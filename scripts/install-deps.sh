@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what flashgqa needs to build and test, on a fresh Debian machine: a C++20 compiler with
-# OpenMP, CMake, GoogleTest, Google Benchmark, and strace (the tests that a library call opens no
-# file); clang and libomp-dev too under FLASHGQA_SANITIZE=thread or FLASHGQA_FUZZ=1. Does nothing for what is already there.
+# OpenMP, CMake, GoogleTest, Google Benchmark, strace (the tests that a library call opens no
+# file) and ccache; clang and libomp-dev too under FLASHGQA_SANITIZE=thread or FLASHGQA_FUZZ=1. Does nothing for what is already there.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
@@ -10,6 +10,7 @@ command -v make >/dev/null 2>&1 || need+=(make)
 dpkg -s libgtest-dev >/dev/null 2>&1 || need+=(libgtest-dev)
 dpkg -s libbenchmark-dev >/dev/null 2>&1 || need+=(libbenchmark-dev)
 command -v strace >/dev/null 2>&1 || need+=(strace)
+command -v ccache >/dev/null 2>&1 || need+=(ccache)  # scripts/test.sh's builds share their objects
 # ThreadSanitizer builds and the fuzzer (scripts/fuzz.sh sets FLASHGQA_FUZZ=1) use clang with LLVM's OpenMP.
 if [ "${FLASHGQA_SANITIZE:-0}" = thread ] || [ "${FLASHGQA_FUZZ:-0}" = 1 ]; then
   command -v clang++ >/dev/null 2>&1 || need+=(clang)

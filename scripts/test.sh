@@ -15,6 +15,16 @@ jobs=$(nproc 2>/dev/null || echo 2)
 # wait (libgomp's default) take the cores the other process needs, which made the suite 2.2x slower
 # on 2 cores (one test 35x). Passive waiting changes no result, only the time; set it to override.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# ccache (installed by install-deps.sh) under every build this script configures, its cache in this
+# checkout (build-ccache, git-ignored), so a fresh clone starts cold: the Python wheel's build below
+# then takes the Release build's objects instead of compiling the library again (the same compiler
+# and flags; ccache hashes the compiler's name too, and scikit-build-core names g++, Python's CXX,
+# where CMake alone picks c++: hence CXX). CMake reads both variables when a build folder is first
+# configured.
+if command -v ccache >/dev/null 2>&1; then
+  export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-ccache} CCACHE_DIR=${CCACHE_DIR:-$PWD/build-ccache}
+  export CXX=${CXX:-g++}
+fi
 sanitizer_flags=()
 if [ "${FLASHGQA_SANITIZE:-0}" = 1 ]; then
   dir=build-asan
