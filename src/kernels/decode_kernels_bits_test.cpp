@@ -82,7 +82,7 @@ TEST(DecodeKernels, PvCallsCutAtTheStepKeysGiveTheBitsOfOne) {
                 DecodePv t{o.as<float>(), c.ldo, pb.as<std::uint16_t>() + j0, c.ldp,
                            static_cast<const unsigned char*>(vr.data()) + j0 * vr.ld * esize, dtype, vr.ld, len,
                            round_up(len, 2), H, Hp, j0 == 0 ? corr.data() : nullptr, rows,
-                           vr.scales() ? vr.scales() + j0 * Rows::kLdScale : nullptr, Rows::kLdScale};
+                           vr.scales() ? vr.scales() + j0 * vr.ld_scale : nullptr, vr.ld_scale};
                 k->decode_pv_rows(t);
                 j0 = end;
               }
@@ -201,7 +201,7 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
             return static_cast<const char*>(r.data()) + j * r.ld * static_cast<std::int64_t>(dtype_size(dtype));
           };
           const float* scales = r.scales();
-          const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * Rows::kLdScale : nullptr; };
+          const auto scale_of = [&](std::int64_t j) { return scales ? scales + j * r.ld_scale : nullptr; };
           QRows q = make_q(rows, H, Hp, rng);
           // Rows [first, rows) of one call against one-key calls; rows before first are NaN in both.
           const auto check_qk_bits = [&](int first) {
@@ -209,7 +209,7 @@ TEST(DecodeKernels, FastPathsGiveTheGenericBits) {
             AlignedBuffer one(static_cast<std::size_t>(rows * 16) * 4);
             for (std::int64_t j = 0; j < n; ++j) {
               k.decode_qk_rows({one.as<float>(), 16, q.buf.as<std::uint16_t>(), q.ldq, row(j), dtype, r.ld, 1, H, Hp,
-                                0.125f, rows, scale_of(j), Rows::kLdScale});
+                                0.125f, rows, scale_of(j), r.ld_scale});
               for (int i = 0; i < first; ++i)
                 ASSERT_TRUE(std::isnan(one.as<float>()[i * 16]) &&
                             std::isnan(s[static_cast<std::size_t>(i * lds + j)]));

@@ -51,10 +51,12 @@ inline std::vector<const FlashKernels*> decode_sets() {
 struct Rows {
   std::vector<unsigned char> bytes;
   std::vector<float> operand;  // [n][H]
-  std::vector<float> scale;    // int8: key j's scale at j * kLdScale
+  std::vector<float> scale;    // int8: key j's scale at j * ld_scale
   std::int64_t ld = 0;
+  // int8: 1 where n is even (the scales together, as quantize_kv lays them out), 3 where it is odd (a
+  // strided view): the kernels' loads of several keys' scales at once and their strided reads.
+  std::int64_t ld_scale = 3;
   DType dtype = DType::f32;
-  static constexpr std::int64_t kLdScale = 3;
 
   const void* data() const { return bytes.data(); }
   const float* scales() const { return dtype == DType::i8 ? scale.data() : nullptr; }
@@ -64,10 +66,11 @@ inline Rows make_rows(DType dtype, std::int64_t n, std::int64_t rows_alloc, std:
   Rows r;
   r.dtype = dtype;
   r.ld = H + 24;
+  r.ld_scale = n % 2 == 0 ? 1 : 3;
   const std::size_t esize = dtype_size(dtype);
   r.bytes.resize(static_cast<std::size_t>(rows_alloc * r.ld) * esize);
   r.operand.resize(static_cast<std::size_t>(n * H));
-  r.scale.assign(static_cast<std::size_t>(rows_alloc * Rows::kLdScale), kNaN);
+  r.scale.assign(static_cast<std::size_t>(rows_alloc * r.ld_scale), kNaN);
   std::uniform_real_distribution<float> val(-1.0f, 1.0f), sc(0.001f, 0.05f);
   std::uniform_int_distribution<int> q8(-127, 127);
   std::vector<float> row(static_cast<std::size_t>(r.ld));
@@ -76,7 +79,7 @@ inline Rows make_rows(DType dtype, std::int64_t n, std::int64_t rows_alloc, std:
     if (dtype == DType::i8) {  // NaN has no int8 form: the rows past n get extreme values instead
       auto* d = static_cast<std::int8_t*>(dst);
       const float s = sc(rng);
-      if (j < n) r.scale[static_cast<std::size_t>(j * Rows::kLdScale)] = s;
+      if (j < n) r.scale[static_cast<std::size_t>(j * r.ld_scale)] = s;
       for (std::int64_t h = 0; h < r.ld; ++h) {
         d[h] = static_cast<std::int8_t>(j < n && h < H ? q8(rng) : -128);
         if (j < n && h < H) r.operand[static_cast<std::size_t>(j * H + h)] = round_to_bf16(static_cast<float>(d[h]) * s);
@@ -109,7 +112,7 @@ inline Rows as_f32(const Rows& src, std::int64_t n, std::int64_t rows_alloc, std
 // The value an int8 row stands for, exactly: x_j[h] s_j.
 inline double exact_int8(const Rows& r, std::int64_t j, std::int64_t h) {
   const auto x = static_cast<const std::int8_t*>(r.data())[j * r.ld + h];
-  return static_cast<double>(x) * r.scale[static_cast<std::size_t>(j * Rows::kLdScale)];
+  return static_cast<double>(x) * r.scale[static_cast<std::size_t>(j * r.ld_scale)];
 }
 
 // Q rows as pack_q_row writes them: bf16, zero past H; ldq = Hp + 32.
@@ -142,7 +145,7 @@ inline std::vector<float> run_qk(const FlashKernels& k, const QRows& q, const Ro
   AlignedBuffer s(static_cast<std::size_t>(rows * lds) * 4);
   std::fill(s.as<float>(), s.as<float>() + rows * lds, kSentinel);
   DecodeQk t{s.as<float>(), lds, q.buf.as<std::uint16_t>(), q.ldq, pieces ? nullptr : kr.data(), kr.dtype, kr.ld, n, H,
-             Hp, scale, rows, kr.scales(), Rows::kLdScale, pieces};
+             Hp, scale, rows, kr.scales(), kr.ld_scale, pieces};
   k.decode_qk_rows(t);
   return std::vector<float>(s.as<float>(), s.as<float>() + rows * lds);
 }
@@ -189,7 +192,7 @@ inline std::vector<float> run_pv(const FlashKernels& k, const PvCase& c, const s
   DecodePv t{o.as<float>(), c.ldo,        pb.as<std::uint16_t>(), c.ldp,       pieces ? nullptr : vr.data(),
              vr.dtype,       vr.ld,        c.n,                    c.nkeys,     c.H,
              c.Hp,           c.corr ? corr.data() : nullptr,       c.rows,      vr.scales(),
-             Rows::kLdScale, pieces,         keep_v,                               same_v};
+             vr.ld_scale,    pieces,         keep_v,                               same_v};
   k.decode_pv_rows(t);
   return std::vector<float>(o.as<float>(), o.as<float>() + c.rows * c.ldo);
 }
@@ -209,7 +212,7 @@ inline void expect_pv_row(const FlashKernels& k, const PvCase& c, const std::vec
   std::vector<double> W((static_cast<std::size_t>(read) + 15) / 16, 0.0);
   for (std::int64_t j = 0; j < read && integers; ++j)
     W[static_cast<std::size_t>(j / 16)] = std::max(W[static_cast<std::size_t>(j / 16)],
-                                                   std::fabs(P(j) * vr.scale[static_cast<std::size_t>(j * Rows::kLdScale)]));
+                                                   std::fabs(P(j) * vr.scale[static_cast<std::size_t>(j * vr.ld_scale)]));
   for (std::int64_t h = 0; h < c.Hp; ++h) {
     const double start = static_cast<double>(o0[static_cast<std::size_t>(r * c.ldo + h)]) *
                          (c.corr ? corr[static_cast<std::size_t>(r)] : 1.0f);

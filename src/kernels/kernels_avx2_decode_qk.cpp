@@ -252,6 +252,38 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
   return true;
 }
 
+// Lane l of a transpose-add's logits is row l / KG's and key l % KG's (store_logits). The rows' factors
+// by lane: factor[l / KG] (factor: 8 floats readable).
+template <int KG>
+inline __attribute__((always_inline)) __m256 lane_factors(const float* factor) {
+  const __m256i row = _mm256_setr_epi32(0 / KG, 1 / KG, 2 / KG, 3 / KG, 4 / KG, 5 / KG, 6 / KG, 7 / KG);
+  return _mm256_permutevar8x32_ps(_mm256_loadu_ps(factor), row);
+}
+
+// The keys' scales by lane: key j0 + l % KG's, 0 for keys j >= nj (not read). Vector loads where the
+// KG scales lie together and all are there, as quantize_kv and the gathered pieces lay them out.
+template <int KG>
+inline __attribute__((always_inline)) __m256 lane_scales(const DecodeQk& t, std::int64_t j0, int nj) {
+  const float* s = t.k_scale + j0 * t.ld_scale;
+  if (nj >= KG && t.ld_scale == 1) {
+    if constexpr (KG == 8) {
+      return _mm256_loadu_ps(s);
+    } else if constexpr (KG == 4) {
+      return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(s));
+    } else if constexpr (KG == 2) {  // the two scales as one 64-bit lane, broadcast
+      std::int64_t pair;
+      __builtin_memcpy(&pair, s, sizeof pair);
+      return _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
+    } else {
+      return _mm256_broadcast_ss(s);
+    }
+  }
+  alignas(32) float keys[kQkAcc];
+#pragma GCC unroll 8
+  for (int l = 0; l < kQkAcc; ++l) keys[l] = l % KG < nj ? s[(l % KG) * t.ld_scale] : 0.0f;
+  return _mm256_load_ps(keys);
+}
+
 // S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
 // counted at run time: ceil(H / 16)), keys one by one with the block's Q chunk per row from L1.
 template <int RB, int kNc, bool kWhole>
@@ -275,6 +307,10 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
             acc[r * KG + j],
             _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + (r0 + r) * t.Hp + kChunk * c)), kc));
     }
+    // The sums chunk by chunk, in registers: integer adds reassociate, and without this GCC 12 forms
+    // every product of the block first and keeps them on the stack (2 stores and loads a vpmaddwd).
+#pragma GCC unroll 8
+    for (int i = 0; i < kQkAcc; ++i) __asm__("" : "+x"(acc[i]));
   };
   if constexpr (kNc > 0) {
 #pragma GCC unroll 16
@@ -286,15 +322,9 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
   const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
   const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[4], acc[5]), _mm256_hadd_epi32(acc[6], acc[7]));
   const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-  alignas(32) float rows[kQkAcc], keys[kQkAcc];
-#pragma GCC unroll 8
-  for (int l = 0; l < kQkAcc; ++l) {
-    const int j = l % KG;
-    rows[l] = factor[r0 + l / KG];
-    keys[l] = j < nj ? t.k_scale[(j0 + j) * t.ld_scale] : 0.0f;
-  }
   store_logits<RB>(t.s + r0 * t.lds + j0, t.lds,
-                   _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_load_ps(rows)), _mm256_load_ps(keys)));
+                   _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), lane_factors<KG>(factor + r0)),
+                                 lane_scales<KG>(t, j0, nj)));
 }
 
 // S[r][j] for all j < round_up(n, 16), over the HC chunks that hold a value of the row (with_fast_chunks;
@@ -328,7 +358,7 @@ void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) 
 inline bool decode_qk_rows_i8(const DecodeQk& t) {
   if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp || t.H <= 0) return false;
   alignas(32) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
-  float factor[kDecodeMaxRows];
+  float factor[2 * kDecodeMaxRows] = {};  // rows' factors, then room for lane_factors' 8-float loads
   if (!quantize_q_rows(qi, factor, t)) return false;
   for_each_piece_call(t, [&](const DecodeQk& u) {
     with_rows<kDecodeMaxRows>(u.rows, [&](auto r) {
