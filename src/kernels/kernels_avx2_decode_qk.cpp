@@ -24,10 +24,16 @@ constexpr int kQkAcc = 8;                 // accumulators per transpose-add
 constexpr std::int64_t kSplitMaxHp = 256;  // Q rows split once per call up to this width
 
 // Q rows split once: chunk c of row r is its 8 odd elements then its 8 even ones (fp32), at
-// q + r ld + 16 c.
+// q + r ld + 16 c. kFixed (8 rows, one block whose Q operands of a chunk are 8 rows'): ld is the
+// constant kSplitMaxHp, so that each operand is one address plus a constant; with ld at run time GCC 12
+// kept a pointer per row on the stack and rebuilt them chunk by chunk (8-row Q.K 1.13x slower in L2,
+// session 35). Fewer rows keep ld = Hp: there the constant made Q.K 1.1x slower (4 rows, GCC then
+// interleaved the chunks).
+template <bool kFixed>
 struct SplitQ {
   const float* q;
-  std::int64_t ld;
+  std::int64_t run_ld;  // ld where not kFixed
+  std::int64_t ld() const { return kFixed ? kSplitMaxHp : run_ld; }
   // The same rows, their address hidden from the compiler (no load through it moves above this).
   SplitQ opaque() const {
     SplitQ x = *this;
@@ -35,10 +41,15 @@ struct SplitQ {
     return x;
   }
   Halves chunk(int r, int c) const {
-    const float* x = q + r * ld + kChunk * c;
+    const float* x = q + r * ld() + kChunk * c;
     return {_mm256_load_ps(x + 8), _mm256_load_ps(x)};
   }
 };
+
+// The split Q rows of a call of R rows (with_rows), at qs; split_ld: their ld.
+template <int R>
+using SplitQFor = SplitQ<R == kDecodeMaxRows>;
+inline std::int64_t split_ld(const DecodeQk& t) { return t.rows == kDecodeMaxRows ? kSplitMaxHp : t.Hp; }
 
 // Q rows as pack_q_row writes them (bf16 words), split as they are used.
 struct WordQ {
@@ -59,8 +70,8 @@ inline void split_q_rows(float* qs, const DecodeQk& t) {
     for (std::int64_t c = 0; c < t.Hp / kChunk; ++c) {
       const Halves h =
           split(_mm256_load_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(t.q) + r * t.ldq + kChunk * c)));
-      _mm256_store_ps(qs + r * t.Hp + kChunk * c, h.odd);
-      _mm256_store_ps(qs + r * t.Hp + kChunk * c + 8, h.even);
+      _mm256_store_ps(qs + r * split_ld(t) + kChunk * c, h.odd);
+      _mm256_store_ps(qs + r * split_ld(t) + kChunk * c + 8, h.even);
     }
 }
 
@@ -224,7 +235,7 @@ void for_each_piece_call(const DecodeQk& t, F f) {
 // vpmaddwd into int32 accumulators (exact: |sum| <= 256 * 32767 * 128 < 2^31), added as integers by
 // the transpose-add, then each logit is float(sum) times its row's factor times its key's scale: the
 // bits of the avx512bf16 set's vpdpwssd kernels (decode_kernels_test.cpp checks them where both run).
-// Q rows [0, rows) of t (pack_q_row's bf16) as int16, Hp per row, and each row's factor
+// Q rows [0, rows) of t (pack_q_row's bf16) as int16, split_ld(t) apart, and each row's factor
 // scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN, or when
 // its largest |q| is below kI16MinQ: the caller then takes the products form, whose sums carry them.
 inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) {
@@ -246,7 +257,7 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
       const __m256 lo = load8_f32(row, DType::bf16, h, t.Hp), hi = load8_f32(row, DType::bf16, h + 8, t.Hp);
       const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(lo, to_int)),
                                                 _mm256_cvtps_epi32(_mm256_mul_ps(hi, to_int)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * t.Hp + h), _mm256_permute4x64_epi64(packed, 0xd8));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * split_ld(t) + h), _mm256_permute4x64_epi64(packed, 0xd8));
     }
   }
   return true;
@@ -291,6 +302,8 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
                                                        int r0, std::int64_t j0, int nj, int nc) {
   constexpr int KG = kQkAcc / RB;
   const char* k = static_cast<const char*>(t.k);
+  // split_ld(t): a block of 8 rows is a call of 8 (a constant stride, as SplitQ's)
+  const std::int64_t ldq = RB == kDecodeMaxRows ? kSplitMaxHp : t.Hp;
   __m256i acc[kQkAcc];
 #pragma GCC unroll 8
   for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_si256();
@@ -305,7 +318,7 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
       for (int r = 0; r < RB; ++r)
         acc[r * KG + j] = _mm256_add_epi32(
             acc[r * KG + j],
-            _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + (r0 + r) * t.Hp + kChunk * c)), kc));
+            _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + (r0 + r) * ldq + kChunk * c)), kc));
     }
     // The sums chunk by chunk, in registers: integer adds reassociate, and without this GCC 12 forms
     // every product of the block first and keeps them on the stack (2 stores and loads a vpmaddwd).
@@ -373,8 +386,7 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
 
 // f16 and f32 rows (converts_rows): kConvertKeys keys at a time as bf16 words, then the bf16 path.
 // Pieces start at multiples of 32 keys, and each logit is its own key's: the bits of one call.
-template <typename Q>
-void qk_rows_converted(const DecodeQk& t, const Q& q) {
+void qk_rows_converted(const DecodeQk& t, const float* qs) {
   alignas(32) std::uint16_t rows[kConvertKeys * kConvertMaxH];
   for (std::int64_t j0 = 0; j0 < t.n; j0 += kConvertKeys) {
     const std::int64_t n = t.n - j0 < kConvertKeys ? t.n - j0 : kConvertKeys;
@@ -385,7 +397,10 @@ void qk_rows_converted(const DecodeQk& t, const Q& q) {
     piece.k_dtype = DType::bf16;
     piece.ldk = converted_ld(t.H);
     piece.n = n;
-    with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(piece, q); });
+    with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
+      constexpr int R = decltype(r)::value;
+      qk_rows_any<R>(piece, SplitQFor<R>{qs, t.Hp});
+    });
   }
 }
 
@@ -401,10 +416,12 @@ void avx2_decode_qk_rows(const DecodeQk& t) {
   }
   alignas(32) float qs[kDecodeMaxRows * kSplitMaxHp];
   split_q_rows(qs, t);
-  const SplitQ q{qs, t.Hp};
-  if (converts_rows(t.k_dtype, t.H, t.Hp)) return qk_rows_converted(t, q);  // (never in pieces)
+  if (converts_rows(t.k_dtype, t.H, t.Hp)) return qk_rows_converted(t, qs);  // (never in pieces)
   for_each_piece_call(t, [&](const DecodeQk& u) {
-    with_rows<kDecodeMaxRows>(u.rows, [&](auto r) { qk_rows_any<decltype(r)::value>(u, q); });
+    with_rows<kDecodeMaxRows>(u.rows, [&](auto r) {
+      constexpr int R = decltype(r)::value;
+      qk_rows_any<R>(u, SplitQFor<R>{qs, t.Hp});
+    });
   });
 }
 
