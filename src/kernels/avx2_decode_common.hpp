@@ -19,7 +19,9 @@
 // (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp), and every line of the next
 // piece goes to L2 as each piece starts (step_rows_ahead), as the hardware prefetchers do not cross
 // into it (session 34: page 16 1.28-1.30x faster than copying the pieces together first, on Zen 4 with
-// AVX-512 hidden).
+// AVX-512 hidden). The lambdas inside the kernels' loops (a chunk, a block of rows) are always_inline:
+// GCC 12 inlines them by its size budget, and once the Q.K file had grown it made the bf16 chunk a
+// call at 3, 5 and 6 rows (its accumulators then in memory: 2.3x slower, session 35).
 #pragma once
 
 #include <immintrin.h>

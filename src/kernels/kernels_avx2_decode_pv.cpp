@@ -68,7 +68,7 @@ template <int RB, int NC, typename Rows>
 inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
                                                    int r0, int c0, std::int64_t j0, std::int64_t j1, const Rows& v,
                                                    const KeyRows& at) {
-  float* o = t.o + r0 * t.ldo + kChunk * c0;
+  float* o = t.o + r0 * t.ldo + std::int64_t{kChunk} * c0;
   __m256 acc[RB][2 * NC];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r)
@@ -115,7 +115,7 @@ template <int R, typename Rows>
 inline __attribute__((always_inline)) void pv_group(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
                                                     std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v,
                                                     const KeyRows& at) {
-  row_blocks<R>([&](auto rb, int r0) {
+  row_blocks<R>([&](auto rb, int r0) __attribute__((always_inline)) {
     constexpr int RB = decltype(rb)::value, NC = pass_chunks<RB>();
     int c0 = 0;
     for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v, at);
@@ -343,7 +343,7 @@ void pv_rows_i16(const DecodePv& t) {
     touch_rows(at, t.H, jg, jg + g.keys, t.n);
     const char* vg = at.row(jg);  // (the pieces hold key round_up(nkeys, 16) - 1's row)
     for (int c = 0; c < nc; ++c)
-      row_blocks<R>([&](auto rb, int r0) {
+      row_blocks<R>([&](auto rb, int r0) __attribute__((always_inline)) {
         if (whole || c + 1 < nc) i16_chunk<decltype(rb)::value, true>(t, g, r0, vg, c);
         else i16_chunk<decltype(rb)::value, false>(t, g, r0, vg, c);
       });

@@ -119,10 +119,10 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& 
   __m256 acc[kQkAcc];
 #pragma GCC unroll 8
   for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_ps();
-  const auto mac = [&acc](int r, int j, const Halves& qc, const Halves& kc) {
+  const auto mac = [&acc](int r, int j, const Halves& qc, const Halves& kc) __attribute__((always_inline)) {
     acc[r * KG + j] = _mm256_fmadd_ps(qc.even, kc.even, _mm256_fmadd_ps(qc.odd, kc.odd, acc[r * KG + j]));
   };
-  const auto chunk = [&](int c) {
+  const auto chunk = [&](int c) __attribute__((always_inline)) {
     // The Q chunks are loaded here, not earlier: GCC 12 otherwise hoists the loads of all chunks out
     // of the loop and spills them (50 ns per key at 4 rows, H = 128); they are L1 loads either way.
     const Q qh = q.opaque();
@@ -165,7 +165,7 @@ inline __attribute__((always_inline)) void qk_block(const DecodeQk& t, const Q& 
 template <int R, int kNc, typename Q, typename Rows>
 inline __attribute__((always_inline)) void qk_group(const DecodeQk& t, const Q& q, const Rows& k, std::int64_t j0,
                                                     int nj, int nc) {
-  row_blocks<R, 8>([&](auto rb, int r0) {
+  row_blocks<R, 8>([&](auto rb, int r0) __attribute__((always_inline)) {
     constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
     for (int jj = 0; jj < kQkAcc; jj += KG) qk_block<RB, kNc>(t, q, k, r0, j0 + jj, nj - jj, nc);
@@ -307,7 +307,7 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
   __m256i acc[kQkAcc];
 #pragma GCC unroll 8
   for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_si256();
-  const auto chunk = [&](int c) {
+  const auto chunk = [&](int c) __attribute__((always_inline)) {
     const std::int16_t* q = qi;
     __asm__("" : "+r"(q));  // no Q load moves above this (see qk_block)
 #pragma GCC unroll 8
@@ -321,7 +321,8 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
             _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(q + (r0 + r) * ldq + kChunk * c)), kc));
     }
     // The sums chunk by chunk, in registers: integer adds reassociate, and without this GCC 12 forms
-    // every product of the block first and keeps them on the stack (2 stores and loads a vpmaddwd).
+    // every product of the block first and keeps them on the stack (2 stores and loads a vpmaddwd;
+    // Q.K 1.2-1.4x slower in L2 at 3 to 8 rows, session 35).
 #pragma GCC unroll 8
     for (int i = 0; i < kQkAcc; ++i) __asm__("" : "+x"(acc[i]));
   };
@@ -347,8 +348,8 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 // nothing.
 template <int R, int HC, bool kTail>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
-  const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) {
-    row_blocks<R, 8>([&](auto rb, int r0) {
+  const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) __attribute__((always_inline)) {
+    row_blocks<R, 8>([&](auto rb, int r0) __attribute__((always_inline)) {
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
       for (int jj = 0; jj < kQkAcc; jj += KG)
