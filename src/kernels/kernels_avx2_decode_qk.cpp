@@ -23,12 +23,16 @@ using namespace decode_avx2;
 constexpr int kQkAcc = 8;                 // accumulators per transpose-add
 constexpr std::int64_t kSplitMaxHp = 256;  // Q rows split once per call up to this width
 
+// Where a call's Q rows lie once split (SplitQ) or quantized (the integers form): a call of 8 rows (one
+// block whose Q operands of a chunk are 8 rows') lays them kSplitMaxHp apart, a constant, so that each
+// operand is one address plus a constant; with Hp, a run-time stride, GCC 12 kept a pointer per row on
+// the stack and rebuilt them chunk by chunk (8-row Q.K 1.13x slower in L2, session 35). Fewer rows lay
+// them Hp apart: there the constant made Q.K 1.1x slower (4 rows, GCC then interleaved the chunks).
+constexpr bool fixed_split(int rows) { return rows == kDecodeMaxRows; }
+inline std::int64_t split_ld(int rows, std::int64_t Hp) { return fixed_split(rows) ? kSplitMaxHp : Hp; }
+
 // Q rows split once: chunk c of row r is its 8 odd elements then its 8 even ones (fp32), at
-// q + r ld + 16 c. kFixed (8 rows, one block whose Q operands of a chunk are 8 rows'): ld is the
-// constant kSplitMaxHp, so that each operand is one address plus a constant; with ld at run time GCC 12
-// kept a pointer per row on the stack and rebuilt them chunk by chunk (8-row Q.K 1.13x slower in L2,
-// session 35). Fewer rows keep ld = Hp: there the constant made Q.K 1.1x slower (4 rows, GCC then
-// interleaved the chunks).
+// q + r ld + 16 c, ld = split_ld (kFixed: the constant).
 template <bool kFixed>
 struct SplitQ {
   const float* q;
@@ -46,10 +50,9 @@ struct SplitQ {
   }
 };
 
-// The split Q rows of a call of R rows (with_rows), at qs; split_ld: their ld.
+// The split Q rows of a call of R rows (with_rows).
 template <int R>
-using SplitQFor = SplitQ<R == kDecodeMaxRows>;
-inline std::int64_t split_ld(const DecodeQk& t) { return t.rows == kDecodeMaxRows ? kSplitMaxHp : t.Hp; }
+using SplitQFor = SplitQ<fixed_split(R)>;
 
 // Q rows as pack_q_row writes them (bf16 words), split as they are used.
 struct WordQ {
@@ -70,8 +73,8 @@ inline void split_q_rows(float* qs, const DecodeQk& t) {
     for (std::int64_t c = 0; c < t.Hp / kChunk; ++c) {
       const Halves h =
           split(_mm256_load_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(t.q) + r * t.ldq + kChunk * c)));
-      _mm256_store_ps(qs + r * split_ld(t) + kChunk * c, h.odd);
-      _mm256_store_ps(qs + r * split_ld(t) + kChunk * c + 8, h.even);
+      _mm256_store_ps(qs + r * split_ld(t.rows, t.Hp) + kChunk * c, h.odd);
+      _mm256_store_ps(qs + r * split_ld(t.rows, t.Hp) + kChunk * c + 8, h.even);
     }
 }
 
@@ -235,7 +238,7 @@ void for_each_piece_call(const DecodeQk& t, F f) {
 // vpmaddwd into int32 accumulators (exact: |sum| <= 256 * 32767 * 128 < 2^31), added as integers by
 // the transpose-add, then each logit is float(sum) times its row's factor times its key's scale: the
 // bits of the avx512bf16 set's vpdpwssd kernels (decode_kernels_test.cpp checks them where both run).
-// Q rows [0, rows) of t (pack_q_row's bf16) as int16, split_ld(t) apart, and each row's factor
+// Q rows [0, rows) of t (pack_q_row's bf16) as int16, split_ld apart, and each row's factor
 // scale * max|q| / 32767. False (nothing usable written) when a row holds an infinity or a NaN, or when
 // its largest |q| is below kI16MinQ: the caller then takes the products form, whose sums carry them.
 inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) {
@@ -257,7 +260,8 @@ inline bool quantize_q_rows(std::int16_t* qi, float* factor, const DecodeQk& t) 
       const __m256 lo = load8_f32(row, DType::bf16, h, t.Hp), hi = load8_f32(row, DType::bf16, h + 8, t.Hp);
       const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(lo, to_int)),
                                                 _mm256_cvtps_epi32(_mm256_mul_ps(hi, to_int)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * split_ld(t) + h), _mm256_permute4x64_epi64(packed, 0xd8));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + r * split_ld(t.rows, t.Hp) + h),
+                         _mm256_permute4x64_epi64(packed, 0xd8));
     }
   }
   return true;
@@ -296,14 +300,13 @@ inline __attribute__((always_inline)) __m256 lane_scales(const DecodeQk& t, std:
 }
 
 // S[r0 + r][j0 .. j0 + KG) for RB rows, KG = 8 / RB keys (keys j >= nj: 0), kNc chunks per key (0: nc,
-// counted at run time: ceil(H / 16)), keys one by one with the block's Q chunk per row from L1.
+// counted at run time: ceil(H / 16)), keys one by one with the block's Q chunk per row from L1 (the
+// quantized rows ldq apart).
 template <int RB, int kNc, bool kWhole>
-inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor,
-                                                       int r0, std::int64_t j0, int nj, int nc) {
+inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const std::int16_t* qi, std::int64_t ldq,
+                                                       const float* factor, int r0, std::int64_t j0, int nj, int nc) {
   constexpr int KG = kQkAcc / RB;
   const char* k = static_cast<const char*>(t.k);
-  // split_ld(t): a block of 8 rows is a call of 8 (a constant stride, as SplitQ's)
-  const std::int64_t ldq = RB == kDecodeMaxRows ? kSplitMaxHp : t.Hp;
   __m256i acc[kQkAcc];
 #pragma GCC unroll 8
   for (int i = 0; i < kQkAcc; ++i) acc[i] = _mm256_setzero_si256();
@@ -353,7 +356,8 @@ void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) 
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8
       for (int jj = 0; jj < kQkAcc; jj += KG)
-        qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, factor, r0, j0 + jj, nj - jj, nc);
+        qk_block_i8<RB, decltype(kc)::value, decltype(whole)::value>(t, qi, split_ld(R, t.Hp), factor, r0, j0 + jj,
+                                                                      nj - jj, nc);
     });
   };
   const int nc = chunks_of<HC>(t.H);
@@ -385,6 +389,14 @@ inline bool decode_qk_rows_i8(const DecodeQk& t) {
   return true;
 }
 
+// S for t's rows (with_rows) on the bf16 and generic paths, the split Q rows at qs.
+inline void qk_rows_split(const DecodeQk& t, const float* qs) {
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
+    constexpr int R = decltype(r)::value;
+    qk_rows_any<R>(t, SplitQFor<R>{qs, t.Hp});
+  });
+}
+
 // f16 and f32 rows (converts_rows): kConvertKeys keys at a time as bf16 words, then the bf16 path.
 // Pieces start at multiples of 32 keys, and each logit is its own key's: the bits of one call.
 void qk_rows_converted(const DecodeQk& t, const float* qs) {
@@ -398,10 +410,7 @@ void qk_rows_converted(const DecodeQk& t, const float* qs) {
     piece.k_dtype = DType::bf16;
     piece.ldk = converted_ld(t.H);
     piece.n = n;
-    with_rows<kDecodeMaxRows>(t.rows, [&](auto r) {
-      constexpr int R = decltype(r)::value;
-      qk_rows_any<R>(piece, SplitQFor<R>{qs, t.Hp});
-    });
+    qk_rows_split(piece, qs);
   }
 }
 
@@ -418,12 +427,7 @@ void avx2_decode_qk_rows(const DecodeQk& t) {
   alignas(32) float qs[kDecodeMaxRows * kSplitMaxHp];
   split_q_rows(qs, t);
   if (converts_rows(t.k_dtype, t.H, t.Hp)) return qk_rows_converted(t, qs);  // (never in pieces)
-  for_each_piece_call(t, [&](const DecodeQk& u) {
-    with_rows<kDecodeMaxRows>(u.rows, [&](auto r) {
-      constexpr int R = decltype(r)::value;
-      qk_rows_any<R>(u, SplitQFor<R>{qs, t.Hp});
-    });
-  });
+  for_each_piece_call(t, [&](const DecodeQk& u) { qk_rows_split(u, qs); });
 }
 
 }  // namespace flashgqa
