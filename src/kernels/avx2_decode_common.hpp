@@ -91,18 +91,24 @@ struct Int8Rows {
   }
 };
 
-// Values h0 .. h0 + 16 of an int8 row sign-extended to int16, zero from H on; no byte past row + H is
-// read. kWhole: the caller knows all 16 are inside the row (a chunk that ends at or before H), and H
-// is not looked at. A partial chunk of a row of 16 values or more is read as the 16 bytes that end at
-// row + H, shifted down (bytes_ending_at). The integers form's loads.
+// Bytes h0 .. h0 + 16 of an int8 row, zero from H on; no byte past row + H is read. kWhole: the
+// caller knows all 16 are inside the row (a chunk that ends at or before H), and H is not looked at.
+// A partial chunk of a row of 16 values or more is read as the 16 bytes that end at row + H, shifted
+// down (bytes_ending_at). The integers form's loads.
 template <bool kWhole>
-inline __m256i load16_i8(const char* row, std::int64_t h0, std::int64_t H) {
+inline __m128i load16_bytes(const char* row, std::int64_t h0, std::int64_t H) {
   const std::int64_t left = H - h0;
-  if (kWhole || left >= kChunk) return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0)));
-  if (left > 0 && H >= kChunk) return _mm256_cvtepi8_epi16(bytes_ending_at(row + H, left));
+  if (kWhole || left >= kChunk) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + h0));
+  if (left > 0 && H >= kChunk) return bytes_ending_at(row + H, left);
   alignas(16) char buf[kChunk] = {};
   for (std::int64_t h = 0; h < left; ++h) buf[h] = row[h0 + h];
-  return _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
+}
+
+// The same values sign-extended to int16.
+template <bool kWhole>
+inline __m256i load16_i8(const char* row, std::int64_t h0, std::int64_t H) {
+  return _mm256_cvtepi8_epi16(load16_bytes<kWhole>(row, h0, H));
 }
 
 // The fast paths take rows of any H <= Hp (Q is zero past H, so the chunks past it add nothing):

@@ -36,8 +36,15 @@ inline void touch(const char* p) {
 
 // Rows j0 .. j1 (row_bytes each, dense or in pieces) touched line by line in address order; in pieces,
 // as each piece starts, every line of the next piece into L2 first (step_rows_ahead: the hardware
-// prefetchers do not cross into it).
+// prefetchers do not cross into it). Dense rows take one plain loop: the one for pieces, with its checks
+// per row and a loop unrolled over a run-time count, ran ~26 instructions a key of int8 rows.
 inline void touch_rows(const KeyRows& rows, std::int64_t row_bytes, std::int64_t j0, std::int64_t j1, std::int64_t n) {
+  if (rows.pieces == nullptr) {  // dense: no piece to step into
+    const char* row = rows.base + j0 * rows.ld_bytes;
+    for (std::int64_t j = j0; j < j1; ++j, row += rows.ld_bytes)
+      for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
+    return;
+  }
   for (std::int64_t j = j0; j < j1; ++j) {
     const char* row = step_rows_ahead(rows.base, rows.pieces, rows.ld_bytes, row_bytes, j, n);
 #pragma GCC unroll 8
@@ -232,43 +239,61 @@ void pv_rows_any(const DecodePv& t) {
 
 // int8 V in the integers form (contract in microkernels.hpp): per row and group of 16 keys of the
 // call, the weights w = P s are quantized to int16 against their largest |w|, W (i16_weights); per
-// column chunk, pairs of keys' int8 rows are sign-extended to int16 and interleaved (vpunpck{l,h}wd:
-// columns 0..3 | 8..11 and 4..7 | 12..15), vpmaddwd with the row's weight pair (broadcast) into int32
-// sums, exact; then O = fma(W / 32767, float(sum), O). A group with a NaN or infinite w, or with
-// 0 < W < 2^-100, adds fma(w, float(x), O) key by key instead. The bits of the avx512bf16 set's
-// vpdpwssd kernel (decode_kernels_test.cpp checks them where both run).
+// column chunk, pairs of keys' int8 rows are interleaved and sign-extended to int16 (i16_chunk),
+// vpmaddwd with the row's weight pair (broadcast) into int32 sums, exact; then
+// O = fma(W / 32767, float(sum), O). A group with a NaN or infinite w, or with 0 < W < 2^-100, adds
+// fma(w, float(x), O) key by key instead. The bits of the avx512bf16 set's vpdpwssd kernel
+// (decode_kernels_test.cpp checks them where both run).
 constexpr int kI16Group = 16;
 constexpr float kI16MinWeight = 0x1p-100f;
 
 struct I16Weights {
   alignas(32) std::int16_t q[kDecodeMaxRows][kI16Group];  // the weights as int16
   alignas(32) float w[kDecodeMaxRows][kI16Group];         // as fp32 (for a group taken key by key)
-  float f[kDecodeMaxRows];                                // W / 32767
+  float f[kDecodeMaxRows];                                // W / 32767 (8 floats: stored as a vector)
   bool bad[kDecodeMaxRows];                               // key by key
+  bool any_bad;                                           // some row bad
   int keys;                                               // keys read (the rest count as zero rows)
 };
 
 // The weights of keys [jg, jg + 16) for rows [0, R): w = P s (keys past those read: 0), W = max |w|,
-// q = round(w (32767 / W)) (nearest even; 0 where w = 0).
+// q = round(w (32767 / W)) (nearest even; 0 where w = 0). The rows' W / 32767 and 32767 / W are
+// divided as one vector (the same quotients as one row at a time).
 template <int R>
 inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
   const int read = keys_in((t.nkeys < t.n ? t.nkeys : t.n) - jg, kI16Group);
   g.keys = read;
-  alignas(32) float sc[kI16Group] = {};
-  for (int j = 0; j < read; ++j) sc[j] = t.v_scale[(jg + j) * t.ld_scale];
-  const __m256 s0 = _mm256_load_ps(sc), s1 = _mm256_load_ps(sc + 8);
+  __m256 s0, s1;
+  if (read == kI16Group && t.ld_scale == 1) {  // as quantize_kv and the gathered pieces lay them out
+    s0 = _mm256_loadu_ps(t.v_scale + jg);
+    s1 = _mm256_loadu_ps(t.v_scale + jg + 8);
+  } else {
+    alignas(32) float sc[kI16Group] = {};
+    for (int j = 0; j < read; ++j) sc[j] = t.v_scale[(jg + j) * t.ld_scale];
+    s0 = _mm256_load_ps(sc);
+    s1 = _mm256_load_ps(sc + 8);
+  }
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  static_assert(kDecodeMaxRows == 8, "the rows' W in one vector");
+  alignas(32) float W[kDecodeMaxRows] = {};
   for (int r = 0; r < R; ++r) {
     const std::uint16_t* p = static_cast<const std::uint16_t*>(t.p) + r * t.ldp;  // keys jg .. jg + read
-    const __m256 p0 = load8_f32(p, DType::bf16, jg, jg + read), p1 = load8_f32(p, DType::bf16, jg + 8, jg + read);
-    const __m256 w0 = _mm256_mul_ps(p0, s0), w1 = _mm256_mul_ps(p1, s1);
+    const __m256 w0 = _mm256_mul_ps(load8_f32(p, DType::bf16, jg, jg + read), s0);
+    const __m256 w1 = _mm256_mul_ps(load8_f32(p, DType::bf16, jg + 8, jg + read), s1);
     _mm256_store_ps(g.w[r], w0);
     _mm256_store_ps(g.w[r] + 8, w1);
     const __m256i inf_nan = _mm256_or_si256(inf_or_nan(w0), inf_or_nan(w1));
-    const float W = hmax(_mm256_max_ps(_mm256_and_ps(w0, abs_mask), _mm256_and_ps(w1, abs_mask)));
-    g.bad[r] = !_mm256_testz_si256(inf_nan, inf_nan) || (W > 0.0f && W < kI16MinWeight);
-    g.f[r] = W / 32767.0f;
-    const __m256 c = _mm256_set1_ps(32767.0f / W);
+    W[r] = hmax(_mm256_max_ps(_mm256_and_ps(w0, abs_mask), _mm256_and_ps(w1, abs_mask)));
+    g.bad[r] = !_mm256_testz_si256(inf_nan, inf_nan) || (W[r] > 0.0f && W[r] < kI16MinWeight);
+  }
+  g.any_bad = false;
+  for (int r = 0; r < R; ++r) g.any_bad |= g.bad[r];
+  const __m256 Wv = _mm256_load_ps(W);
+  _mm256_storeu_ps(g.f, _mm256_div_ps(Wv, _mm256_set1_ps(32767.0f)));
+  alignas(32) float to_int[kDecodeMaxRows];
+  _mm256_store_ps(to_int, _mm256_div_ps(_mm256_set1_ps(32767.0f), Wv));  // W = 0: inf (every w is 0)
+  for (int r = 0; r < R; ++r) {
+    const __m256 c = _mm256_set1_ps(to_int[r]), w0 = _mm256_load_ps(g.w[r]), w1 = _mm256_load_ps(g.w[r] + 8);
     // W = 0: every w is 0, and so is q (0 * inf would be NaN).
     const __m256 x0 = _mm256_and_ps(_mm256_mul_ps(w0, c), _mm256_cmp_ps(w0, _mm256_setzero_ps(), _CMP_NEQ_UQ));
     const __m256 x1 = _mm256_and_ps(_mm256_mul_ps(w1, c), _mm256_cmp_ps(w1, _mm256_setzero_ps(), _CMP_NEQ_UQ));
@@ -277,38 +302,61 @@ inline void i16_weights(const DecodePv& t, std::int64_t jg, I16Weights& g) {
   }
 }
 
-// The group's key j's int8 values at columns [16 c, 16 c + 16), its row at vg + j ldv, sign-extended to
-// int16 (zero past H, and for keys not read).
+// The group's key j's int8 values at columns [16 c, 16 c + 16), its row at vg + j ldv (zero past H, and
+// for keys not read): as bytes, and sign-extended to int16.
+template <bool kWhole>
+inline __m128i i8_bytes(const DecodePv& t, const char* vg, int j, int read, int c) {
+  if (j >= read) return _mm_setzero_si128();
+  return load16_bytes<kWhole>(vg + j * t.ldv, std::int64_t{kChunk} * c, t.H);
+}
 template <bool kWhole>
 inline __m256i i8_row(const DecodePv& t, const char* vg, int j, int read, int c) {
-  if (j >= read) return _mm256_setzero_si256();
-  return load16_i8<kWhole>(vg + j * t.ldv, std::int64_t{kChunk} * c, t.H);
+  return _mm256_cvtepi8_epi16(i8_bytes<kWhole>(t, vg, j, read, c));
 }
 
 // The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1); its first key's
-// row at vg (the group's 16 keys lie in one piece of a call in pieces).
-template <int RB, bool kWhole>
+// row at vg (the group's 16 keys lie in one piece of a call in pieces). kFull: all 16 keys read and no
+// row bad (the pair loop unrolled, no key or row looked at twice).
+//   Per pair of keys, the two rows' bytes are interleaved (vpunpck{l,h}bw) and then sign-extended, so
+// the int32 sums come in column order (0..7 and 8..15). Two things GCC 12 did to this loop are undone
+// by empty asm statements, with the same sums: it reassociated the int32 adds (forming all products
+// before summing them, the products on the stack), and it hoisted the weights' broadcasts out of the
+// chunk loop (keeping 32 weights in general registers and the stack, each use a vmovd and a
+// vpbroadcastd on the shuffle ports); the asm on the weights' address makes each use a load.
+template <int RB, bool kWhole, bool kFull>
 inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I16Weights& g, int r0, const char* vg,
                                                     int c) {
+  const std::int16_t* q = g.q[r0];
+  __asm__("" : "+r"(q));
+  const int keys = kFull ? kI16Group : g.keys;  // i8_bytes reads no key past it
   __m256i lo[RB], hi[RB];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
-  for (int j = 0; j < g.keys; j += 2) {
-    const __m256i a = i8_row<kWhole>(t, vg, j, g.keys, c), b = i8_row<kWhole>(t, vg, j + 1, g.keys, c);
-    const __m256i pl = _mm256_unpacklo_epi16(a, b), ph = _mm256_unpackhi_epi16(a, b);
+  const auto pair = [&](int j) __attribute__((always_inline)) {
+    const __m128i a = i8_bytes<kWhole>(t, vg, j, keys, c), b = i8_bytes<kWhole>(t, vg, j + 1, keys, c);
+    const __m256i pl = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));  // columns 0..7, each key pair's side by side
+    const __m256i ph = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b));  // 8..15
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) {
       std::int32_t word;
-      __builtin_memcpy(&word, &g.q[r0 + r][j], 4);
+      __builtin_memcpy(&word, q + r * kI16Group + j, 4);
       const __m256i x = _mm256_set1_epi32(word);
       lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(pl, x));
       hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(ph, x));
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) __asm__("" : "+x"(lo[r]), "+x"(hi[r]));
+  };
+  if constexpr (kFull) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kI16Group; j += 2) pair(j);
+  } else {
+    for (int j = 0; j < keys; j += 2) pair(j);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
     float* o = t.o + (r0 + r) * t.ldo + kChunk * c;
-    if (__builtin_expect(g.bad[r0 + r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
+    if (!kFull && __builtin_expect(g.bad[r0 + r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
       for (int j = 0; j < g.keys; ++j) {
         const __m256 w = _mm256_set1_ps(g.w[r0 + r][j]);
         const __m256i x = i8_row<kWhole>(t, vg, j, g.keys, c);
@@ -320,10 +368,8 @@ inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I1
       continue;
     }
     const __m256 f = _mm256_set1_ps(g.f[r0 + r]);
-    const __m256 s0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[r], hi[r], 0x20));  // columns 0..7
-    const __m256 s1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(lo[r], hi[r], 0x31));  // 8..15
-    _mm256_store_ps(o, _mm256_fmadd_ps(f, s0, _mm256_load_ps(o)));
-    _mm256_store_ps(o + 8, _mm256_fmadd_ps(f, s1, _mm256_load_ps(o + 8)));
+    _mm256_store_ps(o, _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lo[r]), _mm256_load_ps(o)));
+    _mm256_store_ps(o + 8, _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(hi[r]), _mm256_load_ps(o + 8)));
   }
 }
 
@@ -344,8 +390,10 @@ void pv_rows_i16(const DecodePv& t) {
     const char* vg = at.row(jg);  // (the pieces hold key round_up(nkeys, 16) - 1's row)
     for (int c = 0; c < nc; ++c)
       row_blocks<R>([&](auto rb, int r0) __attribute__((always_inline)) {
-        if (whole || c + 1 < nc) i16_chunk<decltype(rb)::value, true>(t, g, r0, vg, c);
-        else i16_chunk<decltype(rb)::value, false>(t, g, r0, vg, c);
+        constexpr int RB = decltype(rb)::value;
+        if (!(whole || c + 1 < nc)) i16_chunk<RB, false, false>(t, g, r0, vg, c);
+        else if (g.keys == kI16Group && !g.any_bad) i16_chunk<RB, true, true>(t, g, r0, vg, c);
+        else i16_chunk<RB, true, false>(t, g, r0, vg, c);
       });
   }
 }
