@@ -581,23 +581,5 @@ TEST(Microkernels, SoftmaxGradPackMatchesTheUnfusedSteps) {
   }
 }
 
-TEST(CpuFeatures, NamesRoundTripAndUnsupportedPathsAreErrors) {
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx, Isa::neon, Isa::neon_bf16})
-    EXPECT_EQ(parse_isa(isa_name(isa)), isa);
-  EXPECT_THROW(parse_isa("sse9"), Error);
-  EXPECT_TRUE(isa_supported(Isa::portable));
-  EXPECT_EQ(supported_isas().front(), Isa::portable);
-  const Isa before = active_isa();
-  for (Isa isa : supported_isas()) {
-    set_isa(isa);
-    EXPECT_EQ(active_isa(), isa);
-  }
-  for (Isa isa : {Isa::avx2, Isa::avx512f, Isa::avx512bf16, Isa::amx, Isa::neon, Isa::neon_bf16})
-    if (!isa_supported(isa)) {
-      EXPECT_THROW(set_isa(isa), Error);
-    }
-  set_isa(before);
-}
-
 }  // namespace
 }  // namespace flashgqa
