@@ -16,6 +16,8 @@
 //     (H > 256 for f16 and f32, the keys past the last whole 16; groups of 32 keys) converts and
 //     masks chunk by chunk over Hp. All give the same bits.
 //   int8 rows: the integers form on vpmaddwd (pv_rows_i16 below).
+#include <algorithm>
+
 #include "kernels/avx2_decode_common.hpp"
 
 namespace flashgqa {
@@ -36,19 +38,16 @@ inline void touch(const char* p) {
 
 // Rows j0 .. j1 (row_bytes each, dense or in pieces) touched line by line in address order; in pieces,
 // as each piece starts, every line of the next piece into L2 first (step_rows_ahead: the hardware
-// prefetchers do not cross into it). Dense rows take one plain loop: the one for pieces, with its checks
-// per row and a loop unrolled over a run-time count, ran ~26 instructions a key of int8 rows.
+// prefetchers do not cross into it). One plain loop per run of keys (dense: one run; in pieces, each
+// piece's): a loop over every key, with the piece checks per key and the line loop unrolled over a
+// run-time count, ran ~26 instructions a key of int8 rows.
 inline void touch_rows(const KeyRows& rows, std::int64_t row_bytes, std::int64_t j0, std::int64_t j1, std::int64_t n) {
-  if (rows.pieces == nullptr) {  // dense: no piece to step into
-    const char* row = rows.base + j0 * rows.ld_bytes;
-    for (std::int64_t j = j0; j < j1; ++j, row += rows.ld_bytes)
-      for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
-    return;
-  }
-  for (std::int64_t j = j0; j < j1; ++j) {
+  for (std::int64_t j = j0; j < j1;) {
+    const std::int64_t run_end =
+        rows.pieces == nullptr ? j1 : std::min(j1, (j / kDecodePieceKeys + 1) * kDecodePieceKeys);
     const char* row = step_rows_ahead(rows.base, rows.pieces, rows.ld_bytes, row_bytes, j, n);
-#pragma GCC unroll 8
-    for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
+    for (; j < run_end; ++j, row += rows.ld_bytes)
+      for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
   }
 }
 
