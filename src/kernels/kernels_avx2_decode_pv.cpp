@@ -385,6 +385,8 @@ void pv_rows_i16(const DecodePv& t) {
   const KeyRows at{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
   for (std::int64_t jg = 0; jg < t.nkeys; jg += kI16Group) {
     i16_weights<R>(t, jg, g);
+    if (t.v_pieces == nullptr && jg + kDecodeInt8AheadKeys + kI16Group <= t.n)  // dense: the rows 32 keys on
+      prefetch_rows_l2(static_cast<const char*>(t.v) + (jg + kDecodeInt8AheadKeys) * t.ldv, t.ldv, t.H, kI16Group);
     touch_rows(at, t.H, jg, jg + g.keys, t.n);
     const char* vg = at.row(jg);  // (the pieces hold key round_up(nkeys, 16) - 1's row)
     for (int c = 0; c < nc; ++c)

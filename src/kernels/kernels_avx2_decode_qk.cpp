@@ -365,8 +365,11 @@ void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) 
   // With a partial last chunk every group goes as the last one: its whole groups with the key count a
   // constant took 1.3x the time (H = 72 on Zen 3, docs/performance.md, session 17).
   if constexpr (!kTail)
-    for (; j0 + kQkAcc <= t.n; j0 += kQkAcc)
+    for (; j0 + kQkAcc <= t.n; j0 += kQkAcc) {
+      if (j0 % 16 == 0 && j0 + kDecodeInt8AheadKeys + 16 <= t.n)  // the rows 32 keys on, 16 at a time
+        prefetch_rows_l2(static_cast<const char*>(t.k) + (j0 + kDecodeInt8AheadKeys) * t.ldk, t.ldk, t.H, 16);
       group(j0, kQkAcc, std::true_type{}, std::integral_constant<int, HC>{}, nc);
+    }
   for (const std::int64_t end = (t.n + 15) / 16 * 16; j0 < end; j0 += kQkAcc)
     group(j0, keys_in(t.n - j0, kQkAcc), std::false_type{}, std::integral_constant<int, 0>{}, nc);
 }

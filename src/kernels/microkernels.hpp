@@ -101,10 +101,11 @@
 // cross into it (decode_pieces.hpp: on the vector kernels, AVX-512 and avx2, every line of the next
 // piece and the first line of the one after it, on the amx tiles the first line of the piece after
 // next).
-// The AVX-512 sets' int8 P.V in the integers form prefetches the V rows of its next
-// kDecodeInt8AheadKeys keys, which its passes read out of order, and their int8 Q.K on dense rows the
-// K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time per byte is twice
-// bf16's, and the hardware prefetchers alone left part of each row's DRAM time exposed); the policy
+// The AVX-512 and avx2 sets' int8 P.V in the integers form prefetches the V rows of its next
+// kDecodeInt8AheadKeys keys, which its passes read out of order (avx2: on dense rows), and their int8
+// Q.K on dense rows the K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time
+// per byte is twice bf16's, and the hardware prefetchers alone left part of each row's DRAM time
+// exposed; on the avx2 set the same prefetches of bf16 rows were slower, session 36); the policy
 // prefetches the first keys of every call a phase early (flash_decode.cpp). The amx set's
 // kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read 16
 // K rows a column chunk at a time (not address order) and sum P V per 32 keys of the call (below).
@@ -248,7 +249,7 @@ struct PvRowsTile {
 constexpr int kDecodeMaxRows = 8;
 // Keys per piece of a decode call's pieces (DecodeQk::k_pieces, DecodePv::v_pieces).
 constexpr int kDecodePieceKeys = 16;
-// How far ahead the AVX-512 int8 decode kernels prefetch dense rows (see the contract above).
+// How far ahead the AVX-512 and avx2 int8 decode kernels prefetch dense rows (see the contract above).
 constexpr int kDecodeInt8AheadKeys = 32;
 
 // Key j's row of a pack source whose elements are esize bytes: at src, or in its piece (PackSource::pieces).
