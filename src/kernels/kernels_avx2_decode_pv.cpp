@@ -372,7 +372,8 @@ inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I1
   }
 }
 
-// Every group of 16 keys of the call: its weights, its rows touched in address order (as the float
+// Every group of 16 keys of the call: its weights, on dense rows the prefetch of the group
+// kDecodeInt8AheadKeys keys on (microkernels.hpp), its rows touched in address order (as the float
 // fast path does), then per column chunk the rows in blocks of 4, 2, 1.
 template <int R>
 void pv_rows_i16(const DecodePv& t) {
