@@ -315,7 +315,7 @@ inline __m256i i8_row(const DecodePv& t, const char* vg, int j, int read, int c)
 
 // The group's sums into O's rows [r0, r0 + RB) at columns [16 c, 16 c + 16) (O in L1); its first key's
 // row at vg (the group's 16 keys lie in one piece of a call in pieces). kFull: all 16 keys read and no
-// row bad (the pair loop unrolled, no key or row looked at twice).
+// row bad (the pair loop unrolled, with no check of a key's count or a row's weights).
 //   Per pair of keys, the two rows' bytes are interleaved (vpunpck{l,h}bw) and then sign-extended, so
 // the int32 sums come in column order (0..7 and 8..15). Two things GCC 12 did to this loop are undone
 // by empty asm statements, with the same sums: it reassociated the int32 adds (forming all products
@@ -355,7 +355,8 @@ inline __attribute__((always_inline)) void i16_chunk(const DecodePv& t, const I1
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
     float* o = t.o + (r0 + r) * t.ldo + kChunk * c;
-    if (!kFull && __builtin_expect(g.bad[r0 + r], 0)) {  // key by key in fp32: NaN and infinities reach O as in the float path
+    // Key by key in fp32: NaN and infinities reach O as in the float path.
+    if (!kFull && __builtin_expect(g.bad[r0 + r], 0)) {
       for (int j = 0; j < g.keys; ++j) {
         const __m256 w = _mm256_set1_ps(g.w[r0 + r][j]);
         const __m256i x = i8_row<kWhole>(t, vg, j, g.keys, c);
