@@ -5,25 +5,25 @@
 // anonymous namespace.
 //
 // AVX2 has no bf16 arithmetic, so the operands go to fp32 FMAs as the halves of bf16 words: a chunk is
-// 16 operands (one ymm of bf16 words), split by one AND and one shift into its 8 even elements and its 8
-// odd ones as fp32 (exact). The Q rows are split once per call, so the per-key loop splits only the
-// K or V chunk; P.V keeps O's columns as each chunk's even columns then its odd ones for the call. As
-// on AVX-512 (avx512_decode_common.hpp), decode does ~G FLOPs per K/V byte, so it is bound by the DRAM
+// 16 operands (one ymm of bf16 words), split by one AND and one shift into its 8 even elements and its
+// 8 odd ones as fp32 (exact). The Q rows are split once per call, so the per-key loop splits only the K
+// or V chunk; P.V keeps O's columns as each chunk's even columns then its odd ones for the call. As on
+// AVX-512 (avx512_decode_common.hpp), decode does ~G FLOPs per K/V byte, so it is bound by the DRAM
 // stream where the FMAs keep up: no packed copy (f16 and f32 rows only: a bf16 copy of 32 keys at a
 // time in L1, rows_to_bf16 below), and the rows read about in address order (Q.K chunk by chunk across
 // a few adjacent keys; P.V, whose passes read a group's rows strided, touches them line by line in
 // order first), with no software prefetch of bf16 rows (32 to 256 keys ahead it did not help on Zen 3,
 // docs/performance.md, sessions 13 and 14, and was up to 1.09x slower on Zen 4, session 36) but in
 // pieces; dense int8 rows are prefetched kDecodeInt8AheadKeys keys ahead in both kernels (Zen 4: 8
-// sequences at T = 1 1.02x faster dense, 1.07x at page 256, session 36). bf16 and int8 rows may come
-// in pieces of 16 keys, each at its own address (DecodeQk::k_pieces, DecodePv::v_pieces: small pages
-// read where they lie): Q.K runs one call per piece, P.V's passes rebase each piece's run of keys onto its first row
-// (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp), and every line of the next
-// piece goes to L2 as each piece starts (step_rows_ahead), as the hardware prefetchers do not cross
-// into it (session 34: page 16 1.28-1.30x faster than copying the pieces together first, on Zen 4 with
-// AVX-512 hidden). The lambdas inside the kernels' loops (a chunk, a block of rows) are always_inline:
-// GCC 12 inlines them by its size budget, and once the Q.K file had grown it made the bf16 chunk a
-// call at 3, 5 and 6 rows (its accumulators then in memory: 2.3x slower, session 35).
+// sequences at T = 1 1.02x faster dense, 1.07x at page 256, session 36). bf16 and int8 rows may come in
+// pieces of 16 keys, each at its own address (DecodeQk::k_pieces, DecodePv::v_pieces: small pages read
+// where they lie): Q.K runs one call per piece, P.V's passes rebase each piece's run of keys onto its
+// first row (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp), and every line of
+// the next piece goes to L2 as each piece starts (step_rows_ahead), as the hardware prefetchers do not
+// cross into it (session 34: page 16 1.28-1.30x faster than copying the pieces together first, on Zen 4
+// with AVX-512 hidden). The lambdas inside the kernels' loops (a chunk, a block of rows) are
+// always_inline: GCC 12 inlines them by its size budget, and once the Q.K file had grown it made the
+// bf16 chunk a call at 3, 5 and 6 rows (its accumulators then in memory: 2.3x slower, session 35).
 #pragma once
 
 #include <immintrin.h>
