@@ -19,4 +19,16 @@ inline void prefetch_l2(const void* line) {
 #endif
 }
 
+// The line at `line` into L1 (x86-64 prefetcht0, aarch64 prfm pldl1keep), an asm statement as above.
+inline void prefetch_l1(const void* line) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(line)));
+#elif defined(__aarch64__)
+  asm volatile("prfm pldl1keep, [%0]" : : "r"(line));
+#else
+  __builtin_prefetch(line, 0, 3);
+  asm volatile("" : : "r"(line));  // (not pure)
+#endif
+}
+
 }  // namespace flashgqa

@@ -12,9 +12,11 @@
 // stream where the FMAs keep up: no packed copy (f16 and f32 rows only: a bf16 copy of 32 keys at a
 // time in L1, rows_to_bf16 below), and the rows read about in address order (Q.K chunk by chunk across
 // a few adjacent keys; P.V, whose passes read a group's rows strided, touches them line by line in
-// order first), with no software prefetch of bf16 rows (32 to 256 keys ahead it did not help on Zen 3,
-// docs/performance.md, sessions 13 and 14, and was up to 1.09x slower on Zen 4, session 36) but in
-// pieces; dense int8 rows are prefetched kDecodeInt8AheadKeys keys ahead in both kernels (Zen 4: 8
+// order first). Of dense bf16 rows only P.V prefetches: the next group's rows, a share before each of
+// a group's passes (in one burst per group, or in Q.K, 32 to 256 keys ahead, prefetches of bf16 rows
+// did not help on Zen 3, docs/performance.md, sessions 13 and 14, and were up to 1.12x slower on
+// Zen 4, sessions 36 and 37; spread over the passes, T = 1 1.08x and T = 2 1.14x faster, session 37).
+// Dense int8 rows are prefetched kDecodeInt8AheadKeys keys ahead in both kernels (Zen 4: 8
 // sequences at T = 1 1.02x faster dense, 1.07x at page 256, session 36). bf16 and int8 rows may come in
 // pieces of 16 keys, each at its own address (DecodeQk::k_pieces, DecodePv::v_pieces: small pages read
 // where they lie): Q.K runs one call per piece, P.V's passes rebase each piece's run of keys onto its

@@ -45,20 +45,27 @@ inline const char* step_rows(const void* rows, const void* const* pieces, std::i
   return KeyRows{static_cast<const char*>(rows), pieces, ld_bytes}.row(j);
 }
 
-// Into L2 (prefetch_l2): every line of `count` rows of row_bytes from `first`, ld_bytes apart (rows
-// that follow one another as one span, so a misaligned row's lines are not fetched twice). Written
-// with _mm_prefetch, GCC deleted this loop where it inlined it into the kernels (session 32).
-inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, std::int64_t ld_bytes,
-                                                            std::int64_t row_bytes, int count) {
+// Every line of `count` rows of row_bytes from `first`, ld_bytes apart, through kPrefetch (rows that
+// follow one another as one span, so a misaligned row's lines are not fetched twice). Written with
+// _mm_prefetch, GCC deleted this loop where it inlined it into the kernels (session 32).
+template <void (*kPrefetch)(const void*)>
+inline __attribute__((always_inline)) void prefetch_row_lines(const char* first, std::int64_t ld_bytes,
+                                                              std::int64_t row_bytes, int count) {
   const auto lines = [](const char* from, std::int64_t bytes) {
     const std::int64_t skip = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(from) % 64);
-    for (std::int64_t b = 0; b < skip + bytes; b += 64) prefetch_l2(from - skip + b);
+    for (std::int64_t b = 0; b < skip + bytes; b += 64) kPrefetch(from - skip + b);
   };
   if (ld_bytes == row_bytes) {
     lines(first, count * row_bytes);
   } else {
     for (int r = 0; r < count; ++r) lines(first + r * ld_bytes, row_bytes);
   }
+}
+
+// Into L2 (prefetch_l2).
+inline __attribute__((always_inline)) void prefetch_rows_l2(const char* first, std::int64_t ld_bytes,
+                                                            std::int64_t row_bytes, int count) {
+  prefetch_row_lines<prefetch_l2>(first, ld_bytes, row_bytes, count);
 }
 
 // As step_rows, for the vector kernels (AVX-512 and avx2): where j starts a piece, every line of the

@@ -11,7 +11,11 @@
 //     the last any multiple of 16 keys) first touches the group's rows line by
 //     line in address order (one load per line), so the passes, which read the rows strided, find them
 //     in L1: without it the hardware prefetchers did not keep up (a prefetch of the group took the
-//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). f16 and f32 rows up
+//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). On dense rows the
+//     next group's rows go to L1 meanwhile, a share before each pass (NextRows), so the touch finds
+//     them there: as one burst per group the prefetches held up the group's FMAs (1.03-1.2x slower, on
+//     Zen 4 with AVX-512 hidden), spread over the passes T = 1 ran 1.08x and T = 2 1.14x faster
+//     (docs/performance.md, session 37). f16 and f32 rows up
 //     to H = 256 take it on bf16 copies of 32 keys at a time (pv_rows_converted). The generic path
 //     (H > 256 for f16 and f32, the keys past the last whole 16; groups of 32 keys) converts and
 //     masks chunk by chunk over Hp. All give the same bits.
@@ -56,6 +60,32 @@ template <int RB>
 constexpr int pass_chunks() {
   return 4 / RB;
 }
+
+// How many passes pv_group makes over a group of R rows and nchunks chunks.
+template <int R>
+inline int pv_passes(int nchunks) {
+  int passes = 0;
+  row_blocks<R>([&](auto rb, int) {
+    constexpr int NC = pass_chunks<decltype(rb)::value>();
+    passes += nchunks / NC + nchunks % NC;
+  });
+  return passes;
+}
+
+// The next group's rows (dense), into L1 a share before each of this group's passes (none: left = 0).
+struct NextRows {
+  const char* row = nullptr;  // the first row not yet fetched
+  std::int64_t ld_bytes = 0, row_bytes = 0;
+  int left = 0;      // rows not yet fetched
+  int per_pass = 0;  // rows fetched before each pass
+  void before_pass() {
+    if (left == 0) return;
+    const int count = left < per_pass ? left : per_pass;
+    prefetch_row_lines<prefetch_l1>(row, ld_bytes, row_bytes, count);
+    row += count * ld_bytes;
+    left -= count;
+  }
+};
 
 // The P weights of keys [j0, j1) of rows [0, R) as fp32 (exact), w[r][j - j0].
 template <int R>
@@ -120,12 +150,18 @@ inline __attribute__((always_inline)) void pv_pass(const DecodePv& t, const floa
 template <int R, typename Rows>
 inline __attribute__((always_inline)) void pv_group(const DecodePv& t, const float (&w)[kDecodeMaxRows][kPvMaxGroup],
                                                     std::int64_t j0, std::int64_t j1, int nchunks, const Rows& v,
-                                                    const KeyRows& at) {
+                                                    const KeyRows& at, NextRows& next) {
   row_blocks<R>([&](auto rb, int r0) __attribute__((always_inline)) {
     constexpr int RB = decltype(rb)::value, NC = pass_chunks<RB>();
     int c0 = 0;
-    for (; c0 + NC <= nchunks; c0 += NC) pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v, at);
-    for (; c0 < nchunks; ++c0) pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v, at);
+    for (; c0 + NC <= nchunks; c0 += NC) {
+      next.before_pass();
+      pv_pass<RB, NC>(t, w, r0, c0, j0, j1, v, at);
+    }
+    for (; c0 < nchunks; ++c0) {
+      next.before_pass();
+      pv_pass<RB, 1>(t, w, r0, c0, j0, j1, v, at);
+    }
   });
 }
 
@@ -165,7 +201,8 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
     const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
     weights<R>(t, j0, j1, w);
-    pv_group<R>(t, w, j0, j1, static_cast<int>(t.Hp / kChunk), v, at);
+    NextRows none;
+    pv_group<R>(t, w, j0, j1, static_cast<int>(t.Hp / kChunk), v, at, none);
   }
 }
 
@@ -187,8 +224,14 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
     const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
     touch_rows(at, 2 * t.H, j0, j1, t.n);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
-    if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v, at);
-    else pv_group<R>(t, w, j0, j1, nc, v, at);
+    NextRows next;  // dense rows: the next group's, a share before each pass (see the top)
+    if (t.v_pieces == nullptr) {
+      const int rows = static_cast<int>((j1 + group < full ? j1 + group : full) - j1);
+      const int passes = pv_passes<R>(nc);
+      next = {v.base + j1 * v.ld_bytes, v.ld_bytes, 2 * t.H, rows, (rows + passes - 1) / passes};
+    }
+    if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v, at, next);
+    else pv_group<R>(t, w, j0, j1, nc, v, at, next);
   }
   pv_rows<R>(t, full);
 }

@@ -105,7 +105,9 @@
 // kDecodeInt8AheadKeys keys, which its passes read out of order (avx2: on dense rows), and their int8
 // Q.K on dense rows the K rows kDecodeInt8AheadKeys keys on as each 16 keys start (int8's in-cache time
 // per byte is twice bf16's, and the hardware prefetchers alone left part of each row's DRAM time
-// exposed; on the avx2 set the same prefetches of bf16 rows were slower, session 36); the policy
+// exposed; on the avx2 set the same prefetches of bf16 rows were slower, session 36); the avx2 set's
+// bf16 P.V on dense rows prefetches the next group's V rows spread over the current group's passes
+// (session 37); the policy
 // prefetches the first keys of every call a phase early (flash_decode.cpp). The amx set's
 // kernels (kernels_amx_decode.cpp) run calls of 4 rows or more on the tile unit, whose tiles read 16
 // K rows a column chunk at a time (not address order) and sum P V per 32 keys of the call (below).
