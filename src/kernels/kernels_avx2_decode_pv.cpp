@@ -220,6 +220,7 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
   alignas(32) float w[kDecodeMaxRows][kPvMaxGroup];
   const KeyRows at{v.base, t.v_pieces, v.ld_bytes};
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kChunk * kChunk;
+  const int passes = pv_passes<R>(nc);  // each group's (NextRows' shares)
   for (std::int64_t j0 = 0; j0 < full; j0 += group) {
     const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
     touch_rows(at, 2 * t.H, j0, j1, t.n);  // the group in address order first (see the top)
@@ -227,7 +228,6 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
     NextRows next;  // dense rows: the next group's, a share before each pass (see the top)
     if (t.v_pieces == nullptr) {
       const int rows = static_cast<int>((j1 + group < full ? j1 + group : full) - j1);
-      const int passes = pv_passes<R>(nc);
       next = {v.base + j1 * v.ld_bytes, v.ld_bytes, 2 * t.H, rows, (rows + passes - 1) / passes};
     }
     if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v, at, next);
