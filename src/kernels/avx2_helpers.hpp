@@ -66,21 +66,27 @@ inline __m256 load8_f32(const void* row, DType dtype, std::int64_t h0, std::int6
   return load8_f32(buf16, dtype, 0, 8);
 }
 
-// x rounded to nearest even bf16 (as fp32), NaN quieted: identical to round_to_bf16.
-inline __m256 round_bf16(__m256 x) {
+// x rounded to nearest even bf16 in each lane's high 16 bits, NaN quieted; the low 16 bits are
+// left as they fall (bf16_words drops them).
+inline __m256i round_bf16_high(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+}
+
+// x rounded to nearest even bf16 (as fp32), NaN quieted: identical to round_to_bf16.
+inline __m256 round_bf16(__m256 x) {
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(round_bf16_high(x), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 // 16 values as bf16 words in order: a (values 0..7) and b (8..15) rounded by round_bf16.
 inline __m256i bf16_words(__m256 a, __m256 b) {
-  const __m256i lo = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(a)), 16);
-  const __m256i hi = _mm256_srli_epi32(_mm256_castps_si256(round_bf16(b)), 16);
+  const __m256i lo = _mm256_srli_epi32(round_bf16_high(a), 16);
+  const __m256i hi = _mm256_srli_epi32(round_bf16_high(b), 16);
   // packus interleaves the 128-bit lanes (a0..3 b0..3 | a4..7 b4..7); the permute puts them in order.
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
 }
