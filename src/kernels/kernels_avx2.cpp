@@ -207,6 +207,7 @@ void pv_tile_6x32(const PvTile& t) {
 // round_bf16_high, the decode set's softmax took 0.71-0.72 -> 0.62-0.63 ns an element (8 rows of 512
 // keys in L1, Zen 4 with AVX-512 hidden; docs/performance.md, session 38), the same bits.
 constexpr int kExpN = 4;  // exp vectors per step where all lanes are visible (see exp2_poly_n)
+static_assert(kExpN % 2 == 0, "a step's weights are written in pairs");
 template <typename Write, typename WritePair>
 bool softmax_rows(const SoftmaxTile& t, Write write, WritePair write_pair) {
   const __m256 log2e = _mm256_set1_ps(exp_poly::kLog2e);
@@ -274,7 +275,7 @@ bool softmax_tile(const SoftmaxTile& t) {
   const auto write = [=](int r, std::int64_t j, __m256 e) {
     _mm256_store_ps(p + r * ldp + j, round_p ? round_bf16(e) : e);
   };
-  return softmax_rows(t, write, [&](int r, std::int64_t j, __m256 e0, __m256 e1) {
+  return softmax_rows(t, write, [write](int r, std::int64_t j, __m256 e0, __m256 e1) {
     write(r, j, e0);
     write(r, j + 8, e1);
   });
