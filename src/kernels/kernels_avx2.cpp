@@ -32,15 +32,20 @@ __m256 load8_operand(const void* row, const PackSource& s, std::int64_t h0) {
 // alone fill the FP scheduler and leave the pipes idle; N independent chains in program order keep
 // them busy (the softmax at N = 4: 1.2-1.3 -> 0.94-0.99 ns per element in L1 on Zen 3). The same
 // operations per vector, so the same bits.
-template <int N>
+//   kNormal: for x whose every lane lies in [-126, 128), where 2^n is a normal float: no clamps, and
+// p 2^n as one product. The same bits: p is in [1, 2], so p 2^n1 is exact and so is p 2^n (normal),
+// or both overflow to +inf. 7 operations fewer a vector.
+template <int N, bool kNormal = false>
 inline __attribute__((always_inline)) void exp2_poly_n(__m256 (&x)[N]) {
   using namespace exp_poly;
   __m256 f[N], p[N];
   __m256i ni[N];
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) {
-    x[i] = _mm256_max_ps(_mm256_set1_ps(kMinExp2), x[i]);  // NaN passes (second operand)
-    x[i] = _mm256_min_ps(_mm256_set1_ps(kMaxExp2), x[i]);
+    if constexpr (!kNormal) {
+      x[i] = _mm256_max_ps(_mm256_set1_ps(kMinExp2), x[i]);  // NaN passes (second operand)
+      x[i] = _mm256_min_ps(_mm256_set1_ps(kMaxExp2), x[i]);
+    }
     const __m256 n = _mm256_round_ps(x[i], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     f[i] = _mm256_sub_ps(x[i], n);
     ni[i] = _mm256_cvtps_epi32(n);
@@ -52,14 +57,18 @@ inline __attribute__((always_inline)) void exp2_poly_n(__m256 (&x)[N]) {
   for (int c = 0; c < 4; ++c)
 #pragma GCC unroll 4
     for (int i = 0; i < N; ++i) p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(coefficients[c]));
+  const __m256i bias = _mm256_set1_epi32(127);
 #pragma GCC unroll 4
   for (int i = 0; i < N; ++i) {
-    const __m256i n1 = _mm256_srai_epi32(ni[i], 1);
-    const __m256i n2 = _mm256_sub_epi32(ni[i], n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    x[i] = _mm256_mul_ps(_mm256_mul_ps(p[i], s1), s2);
+    if constexpr (kNormal) {
+      x[i] = _mm256_mul_ps(p[i], _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni[i], bias), 23)));
+    } else {
+      const __m256i n1 = _mm256_srai_epi32(ni[i], 1);
+      const __m256i n2 = _mm256_sub_epi32(ni[i], n1);
+      const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+      const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+      x[i] = _mm256_mul_ps(_mm256_mul_ps(p[i], s1), s2);
+    }
   }
 }
 
@@ -203,9 +212,10 @@ void pv_tile_6x32(const PvTile& t) {
 // j .. j+8 of row r's weights, write_pair(r, j, e0, e1) keys j .. j+16 (e unrounded; the sums take it
 // as it is). The writers come by value, with the destination captured by value: as a reference to
 // the caller's closure, which reached the tile through t, GCC reloaded t.p and t.ldp after every store
-// (a store may alias them). With that, the pairs (one 32-byte store of bf16 words) and
-// round_bf16_high, the decode set's softmax took 0.71-0.72 -> 0.62-0.63 ns an element (8 rows of 512
-// keys in L1, Zen 4 with AVX-512 hidden; docs/performance.md, session 38), the same bits.
+// (a store may alias them). With that, the pairs (one 32-byte store of bf16 words),
+// round_bf16_high and exp2_poly_n<kExpN, true> where a step's lanes allow it, the decode set's softmax took
+// 0.71 -> 0.57 ns an element (8 rows of 512 keys in L1, Zen 4 with AVX-512 hidden;
+// docs/performance.md, session 38), the same bits (Microkernels.Avx2SoftmaxGivesTheBitsOfItsScalarModel).
 constexpr int kExpN = 4;  // exp vectors per step where all lanes are visible (see exp2_poly_n)
 static_assert(kExpN % 2 == 0, "a step's weights are written in pairs");
 template <typename Write, typename WritePair>
@@ -235,7 +245,19 @@ bool softmax_rows(const SoftmaxTile& t, Write write, WritePair write_pair) {
         __m256 e[kExpN];
 #pragma GCC unroll 4
         for (int i = 0; i < kExpN; ++i) e[i] = _mm256_fmadd_ps(_mm256_load_ps(s + j + 8 * i), log2e, neg_m);
-        exp2_poly_n<kExpN>(e);
+        // Where every lane lies in [-126, 128), the normal-range exp gives the same bits. (x <= ~0, as
+        // every s <= the row's max, but m log2 e is rounded: for a huge max x may be far above 0, and
+        // there the clamps of exp2_poly_n give +inf.) A NaN lane, which min and max may drop, gives
+        // the same NaN either way: both scale p by 2^0 there (cvtps2dq's 0x80000000 shifted out).
+        __m256 lowest = e[0], highest = e[0];
+#pragma GCC unroll 4
+        for (int i = 1; i < kExpN; ++i) lowest = _mm256_min_ps(lowest, e[i]), highest = _mm256_max_ps(highest, e[i]);
+        const __m256 normal = _mm256_and_ps(_mm256_cmp_ps(lowest, _mm256_set1_ps(-126.0f), _CMP_GE_OQ),
+                                            _mm256_cmp_ps(highest, _mm256_set1_ps(128.0f), _CMP_LT_OQ));
+        if (_mm256_movemask_ps(normal) == 0xff)
+          exp2_poly_n<kExpN, true>(e);
+        else
+          exp2_poly_n<kExpN>(e);
 #pragma GCC unroll 4
         for (int i = 0; i < kExpN; ++i) sum = _mm256_add_ps(sum, e[i]);
 #pragma GCC unroll 4

@@ -15,6 +15,7 @@
 
 #include "core/dtype.hpp"
 #include "core/aligned_buffer.hpp"
+#include "kernels/exp_poly.hpp"
 
 namespace flashgqa {
 namespace {
@@ -412,6 +413,73 @@ TEST(Microkernels, SoftmaxTileBoundsThatMaskNothingGiveTheUnmaskedBits) {
     EXPECT_EQ(at(last, (k.mr - 1) * n + n - 1), 0.0f) << name(kc);
     EXPECT_GT(at(none, (k.mr - 1) * n + n - 1), 0.0f) << name(kc);
     EXPECT_EQ(at(last, n - 1), at(none, n - 1)) << name(kc);  // the other rows as before
+  }
+}
+
+// The avx2 sets' softmax, bit for bit, against a scalar model of what it computes (exp_poly.hpp): P =
+// 2^x, x = fma(s, log2 e, -(m log2 e)), 2^x by the clamps to [kMinExp2, kMaxExp2], n = floor(x),
+// Horner in f = x - n with fused multiply-adds, then p 2^n rounded once; P rounded to bf16 where the
+// set rounds it. Its 4-vector steps take a shorter exp where every lane's x lies in [-126, 128): the
+// rows here put keys far below the max (x < -126, some in the same steps as ordinary ones), a row of
+// one value near 2^100 whose rounded m log2 e leaves every key's x at 128 or more (the model's clamp:
+// +inf), -inf keys, and a NaN beside ordinary keys (it passes either exp unchanged; the max skips it,
+// as a later key of its lane follows).
+float exp2_model(float x) {
+  using namespace exp_poly;
+  if (std::isnan(x)) return x;
+  x = std::fmin(std::fmax(x, kMinExp2), kMaxExp2);
+  const float n = std::floor(x), f = x - n;
+  float p = kC5;
+  for (float c : {kC4, kC3, kC2, kC1, 1.0f}) p = std::fma(p, f, c);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+TEST(Microkernels, Avx2SoftmaxGivesTheBitsOfItsScalarModel) {
+  if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "no AVX2 here";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const struct {
+    const FlashKernels* k;
+    bool round_p;
+  } sets[] = {{&decode_kernels_for(Isa::avx2, Precision::bf16), true},
+              {&kernels_for(Isa::avx2, Precision::bf16), true},
+              {&kernels_for(Isa::avx2, Precision::f32), false}};
+  constexpr int kRows = 4;
+  const std::int64_t n = 128;
+  float huge = 0x1p100f;  // the first float from 2^100 on whose x = fma(m, log2 e, -(m log2 e)) >= 128
+  while (std::fma(huge, exp_poly::kLog2e, -huge * exp_poly::kLog2e) < 128.0f) huge = std::nextafter(huge, kInf);
+  for (const auto& set : sets) {
+    const FlashKernels& k = *set.k;
+    const std::int64_t ob = k.operand_bytes;
+    AlignedBuffer s(static_cast<std::size_t>(kRows * n * 4)), p(static_cast<std::size_t>(kRows * n * ob));
+    float* sv = s.as<float>();
+    for (int r = 0; r < kRows; ++r)
+      for (std::int64_t j = 0; j < n; ++j) {
+        float x = dist(rng);
+        if (r == 1 && j % 3 == 0) x -= 100.0f;            // x ~ -144: below -126, beside ordinary keys
+        if (r == 2) x = huge;
+        if (r == 3) x = j == 5 ? 4.0f : j % 7 == 0 ? -kInf : x - 95.0f;  // all but one far below
+        if (r == 0 && j == 8) x = kNaN;
+        sv[r * n + j] = x;
+      }
+    std::vector<float> m = {-kInf, 1.5f, -kInf, -kInf}, l = {0.0f, 2.0f, 0.0f, 0.0f}, corr(kRows);
+    const std::vector<float> m0 = m;
+    k.softmax_tile({sv, n, p.data(), n, m.data(), l.data(), corr.data(), nullptr, nullptr, n, kRows, set.round_p});
+    for (int r = 0; r < kRows; ++r) {
+      float mx = -kInf;
+      for (std::int64_t j = 0; j < n; ++j) mx = std::max(mx, sv[r * n + j]);  // (NaN skipped)
+      const float m_new = std::max(m0[static_cast<std::size_t>(r)], mx), m_use = m_new == -kInf ? 0.0f : m_new;
+      ASSERT_EQ(m[static_cast<std::size_t>(r)], m_new) << k.name << " r " << r;
+      const float neg = -m_use * exp_poly::kLog2e;
+      for (std::int64_t j = 0; j < n; ++j) {
+        float want = exp2_model(std::fma(sv[r * n + j], exp_poly::kLog2e, neg));
+        if (set.round_p) want = round_to_bf16(want);
+        const float got = ob == 2 ? bf16_bits_to_float(p.as<std::uint16_t>()[r * n + j]) : p.as<float>()[r * n + j];
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << k.name << " r " << r << " j " << j << ": " << got << " vs " << want;
+      }
+      const float want_corr = exp2_model((m0[static_cast<std::size_t>(r)] - m_use) * exp_poly::kLog2e);
+      ASSERT_EQ(corr[static_cast<std::size_t>(r)], want_corr) << k.name << " r " << r;
+    }
   }
 }
 
