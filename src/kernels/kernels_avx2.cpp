@@ -212,10 +212,10 @@ void pv_tile_6x32(const PvTile& t) {
 // j .. j+8 of row r's weights, write_pair(r, j, e0, e1) keys j .. j+16 (e unrounded; the sums take it
 // as it is). The writers come by value, with the destination captured by value: as a reference to
 // the caller's closure, which reached the tile through t, GCC reloaded t.p and t.ldp after every store
-// (a store may alias them). With that, the pairs (one 32-byte store of bf16 words),
-// round_bf16_high and exp2_poly_n<kExpN, true> where a step's lanes allow it, the decode set's softmax took
-// 0.71 -> 0.57 ns an element (8 rows of 512 keys in L1, Zen 4 with AVX-512 hidden;
-// docs/performance.md, session 38), the same bits (Microkernels.Avx2SoftmaxGivesTheBitsOfItsScalarModel).
+// (a store may alias them). With that, the pairs (one 32-byte store of bf16 words), round_bf16_high
+// and exp2_poly_n<kExpN, true> where a step's lanes allow it, the decode set's softmax took 0.71 ->
+// 0.57 ns an element (8 rows of 512 keys in L1, Zen 4 with AVX-512 hidden; docs/performance.md,
+// session 38), the same bits (Microkernels.Avx2SoftmaxGivesTheBitsOfItsScalarModel).
 constexpr int kExpN = 4;  // exp vectors per step where all lanes are visible (see exp2_poly_n)
 static_assert(kExpN % 2 == 0, "a step's weights are written in pairs");
 template <typename Write, typename WritePair>

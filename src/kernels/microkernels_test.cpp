@@ -475,7 +475,8 @@ TEST(Microkernels, Avx2SoftmaxGivesTheBitsOfItsScalarModel) {
         float want = exp2_model(std::fma(sv[r * n + j], exp_poly::kLog2e, neg));
         if (set.round_p) want = round_to_bf16(want);
         const float got = ob == 2 ? bf16_bits_to_float(p.as<std::uint16_t>()[r * n + j]) : p.as<float>()[r * n + j];
-        ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << k.name << " r " << r << " j " << j << ": " << got << " vs " << want;
+        ASSERT_EQ(std::memcmp(&got, &want, 4), 0)
+            << k.name << " r " << r << " j " << j << ": " << got << " vs " << want;
       }
       const float want_corr = exp2_model((m0[static_cast<std::size_t>(r)] - m_use) * exp_poly::kLog2e);
       ASSERT_EQ(corr[static_cast<std::size_t>(r)], want_corr) << k.name << " r " << r;
