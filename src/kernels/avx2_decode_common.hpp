@@ -20,12 +20,19 @@
 // sequences at T = 1 1.02x faster dense, 1.07x at page 256, session 36). bf16 and int8 rows may come in
 // pieces of 16 keys, each at its own address (DecodeQk::k_pieces, DecodePv::v_pieces: small pages read
 // where they lie): Q.K runs one call per piece, P.V's passes rebase each piece's run of keys onto its
-// first row (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp), and every line of
-// the next piece goes to L2 as each piece starts (step_rows_ahead), as the hardware prefetchers do not
-// cross into it (session 34: page 16 1.28-1.30x faster than copying the pieces together first, on Zen 4
-// with AVX-512 hidden). The lambdas inside the kernels' loops (a chunk, a block of rows) are
-// always_inline: GCC 12 inlines them by its size budget, and once the Q.K file had grown it made the
-// bf16 chunk a call at 3, 5 and 6 rows (its accumulators then in memory: 2.3x slower, session 35).
+// first row (the rows types' at(j, row); KeyRows gives the row, decode_pieces.hpp). The hardware
+// prefetchers do not cross from one piece into the next, which lies anywhere (session 34: reading the
+// pieces where they lie, every line of the next one to L2 as each starts, page 16 1.28-1.30x faster
+// than copying them together first, on Zen 4 with AVX-512 hidden). Since session 39 the bf16 and int8
+// Q.K and the bf16 P.V spread those prefetches over the work instead: the rows kAheadPieces pieces on
+// (Q.K, DecodeQk::k_ahead) or the next group's (P.V, NextRows) a few keys at a time, and at each
+// piece's start only the first line of the piece after them (its page walk). A plain loop with page
+// 16's pattern read 1.35x faster that way than with a burst of 64 prefetches per piece, and the
+// kernels read page 16 1.12-1.16x faster (bf16, 8 sequences, T = 1). int8 P.V keeps the burst (its
+// rows spread were 1.02-1.07x slower). The lambdas inside the kernels' loops (a chunk, a block of
+// rows) are always_inline: GCC 12 inlines them by its size budget, and once the Q.K file had grown it
+// made the bf16 chunk a call at 3, 5 and 6 rows (its accumulators then in memory: 2.3x slower,
+// session 35).
 #pragma once
 
 #include <immintrin.h>
@@ -43,6 +50,11 @@ namespace {
 namespace decode_avx2 {
 
 constexpr int kChunk = 16;  // operands per chunk
+
+// Rows in pieces: how many pieces ahead of the one read the kernels prefetch (see the top). A call's
+// first two pieces are those the decode path prefetches a phase early (kPhaseAheadKeys,
+// flash/decode_rows.hpp).
+constexpr int kAheadPieces = 2;
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
 

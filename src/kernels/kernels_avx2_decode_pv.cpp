@@ -11,11 +11,15 @@
 //     the last any multiple of 16 keys) first touches the group's rows line by
 //     line in address order (one load per line), so the passes, which read the rows strided, find them
 //     in L1: without it the hardware prefetchers did not keep up (a prefetch of the group took the
-//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). On dense rows the
-//     next group's rows go to L1 meanwhile, a share before each pass (NextRows), so the touch finds
-//     them there: as one burst per group the prefetches held up the group's FMAs (1.03-1.2x slower, on
+//     bench's T = 1 bf16 row from 50 to 35 ms on Zen 3; loads measured the same). The next group's
+//     rows are prefetched meanwhile, a share before each pass (NextRows), so the touch finds them
+//     there: as one burst per group the prefetches held up the group's FMAs (1.03-1.2x slower, on
 //     Zen 4 with AVX-512 hidden), spread over the passes T = 1 ran 1.08x and T = 2 1.14x faster
-//     (docs/performance.md, session 37). f16 and f32 rows up
+//     (docs/performance.md, session 37). Dense rows go to L1 (to L2: T = 1 the same, T = 4 1.02x
+//     slower); rows in pieces (the next group's two pieces) to L2 (to L1: 1.1x slower), with the
+//     first line of the piece kAheadPieces + 1 on touched as each piece starts, which starts its page
+//     walk early. Every line of the next piece as each piece starts (step_rows_ahead), as before,
+//     read page 16 1.06-1.07x slower (session 39). f16 and f32 rows up
 //     to H = 256 take it on bf16 copies of 32 keys at a time (pv_rows_converted). The generic path
 //     (H > 256 for f16 and f32, the keys past the last whole 16; groups of 32 keys) converts and
 //     masks chunk by chunk over Hp. All give the same bits.
@@ -40,16 +44,20 @@ inline void touch(const char* p) {
   __asm__ volatile("" ::"r"(x));
 }
 
-// Rows j0 .. j1 (row_bytes each, dense or in pieces) touched line by line in address order; in pieces,
-// as each piece starts, every line of the next piece into L2 first (step_rows_ahead: the hardware
-// prefetchers do not cross into it). One plain loop per run of keys (dense: one run; in pieces, each
-// piece's): a loop over every key, with the piece checks per key and the line loop unrolled over a
-// run-time count, ran ~26 instructions a key of int8 rows.
-inline void touch_rows(const KeyRows& rows, std::int64_t row_bytes, std::int64_t j0, std::int64_t j1, std::int64_t n) {
+// Rows j0 .. j1 (row_bytes each, dense or in pieces) touched line by line in address order. In pieces,
+// as each piece starts: with whole_next (the int8 path), every line of the next piece into L2 first
+// (step_rows_ahead: the hardware prefetchers do not cross into it); without (the bf16 fast path, whose
+// NextRows fetch the pieces ahead), the first line of the piece kAheadPieces + 1 on, which starts its
+// page walk early. One plain loop per run of keys (dense: one run; in pieces, each piece's): a loop
+// over every key, with the piece checks per key and the line loop unrolled over a run-time count, ran
+// ~26 instructions a key of int8 rows.
+inline void touch_rows(const KeyRows& rows, std::int64_t row_bytes, std::int64_t j0, std::int64_t j1, std::int64_t n,
+                       bool whole_next) {
   for (std::int64_t j = j0; j < j1;) {
     const std::int64_t run_end =
         rows.pieces == nullptr ? j1 : std::min(j1, (j / kDecodePieceKeys + 1) * kDecodePieceKeys);
-    const char* row = step_rows_ahead(rows.base, rows.pieces, rows.ld_bytes, row_bytes, j, n);
+    const char* row = whole_next ? step_rows_ahead(rows.base, rows.pieces, rows.ld_bytes, row_bytes, j, n)
+                                 : step_rows(rows.base, rows.pieces, rows.ld_bytes, j, n, true, kAheadPieces + 1);
     for (; j < run_end; ++j, row += rows.ld_bytes)
       for (std::int64_t b = 0; b < row_bytes; b += 64) touch(row + b);
   }
@@ -72,18 +80,29 @@ inline int pv_passes(int nchunks) {
   return passes;
 }
 
-// The next group's rows (dense), into L1 a share before each of this group's passes (none: left = 0).
+// The next group's rows, a share before each of this group's passes (none: left = 0): dense, into
+// L1; in pieces, into L2 (see the top).
 struct NextRows {
-  const char* row = nullptr;  // the first row not yet fetched
-  std::int64_t ld_bytes = 0, row_bytes = 0;
+  KeyRows at{nullptr, nullptr, 0};  // where the rows lie
+  std::int64_t j = 0;               // the first key not yet fetched
+  std::int64_t row_bytes = 0;
   int left = 0;      // rows not yet fetched
   int per_pass = 0;  // rows fetched before each pass
   void before_pass() {
     if (left == 0) return;
-    const int count = left < per_pass ? left : per_pass;
-    prefetch_row_lines<prefetch_l1>(row, ld_bytes, row_bytes, count);
-    row += count * ld_bytes;
+    int count = left < per_pass ? left : per_pass;
     left -= count;
+    if (at.pieces == nullptr) {
+      prefetch_row_lines<prefetch_l1>(at.row(j), at.ld_bytes, row_bytes, count);
+      j += count;
+      return;
+    }
+    while (count > 0) {  // piece by piece
+      const int run = std::min(count, static_cast<int>(kDecodePieceKeys - j % kDecodePieceKeys));
+      prefetch_rows_l2(at.row(j), at.ld_bytes, row_bytes, run);
+      j += run;
+      count -= run;
+    }
   }
 };
 
@@ -223,13 +242,10 @@ void pv_rows_fast(const DecodePv& t, const Bf16Rows<kTail>& v) {
   const int passes = pv_passes<R>(nc);  // each group's (NextRows' shares)
   for (std::int64_t j0 = 0; j0 < full; j0 += group) {
     const std::int64_t j1 = j0 + group < full ? j0 + group : full;  // the last group: a multiple of 16 keys
-    touch_rows(at, 2 * t.H, j0, j1, t.n);  // the group in address order first (see the top)
+    touch_rows(at, 2 * t.H, j0, j1, t.n, false);  // the group in address order first (see the top)
     weights<R>(t, j0, j1, w);
-    NextRows next;  // dense rows: the next group's, a share before each pass (see the top)
-    if (t.v_pieces == nullptr) {
-      const int rows = static_cast<int>((j1 + group < full ? j1 + group : full) - j1);
-      next = {v.base + j1 * v.ld_bytes, v.ld_bytes, 2 * t.H, rows, (rows + passes - 1) / passes};
-    }
+    const int rows = static_cast<int>((j1 + group < full ? j1 + group : full) - j1);
+    NextRows next{at, j1, 2 * t.H, rows, (rows + passes - 1) / passes};  // the next group's (see the top)
     if constexpr (HC > 0) pv_group<R>(t, w, j0, j1, HC, v, at, next);
     else pv_group<R>(t, w, j0, j1, nc, v, at, next);
   }
@@ -432,7 +448,7 @@ void pv_rows_i16(const DecodePv& t) {
     i16_weights<R>(t, jg, g);
     if (t.v_pieces == nullptr && jg + kDecodeInt8AheadKeys + kI16Group <= t.n)  // dense: the rows 32 keys on
       prefetch_rows_l2(static_cast<const char*>(t.v) + (jg + kDecodeInt8AheadKeys) * t.ldv, t.ldv, t.H, kI16Group);
-    touch_rows(at, t.H, jg, jg + g.keys, t.n);
+    touch_rows(at, t.H, jg, jg + g.keys, t.n, true);
     const char* vg = at.row(jg);  // (the pieces hold key round_up(nkeys, 16) - 1's row)
     for (int c = 0; c < nc; ++c)
       row_blocks<R>([&](auto rb, int r0) __attribute__((always_inline)) {

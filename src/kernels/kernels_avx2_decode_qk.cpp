@@ -78,6 +78,20 @@ inline void split_q_rows(float* qs, const DecodeQk& t) {
     }
 }
 
+// The rows a call reads after its own (DecodeQk::k_ahead): keys(j, count) sends the rows of keys
+// [j, j + count) there to L2 (nothing where there are none).
+struct RowsAhead {
+  const char* at = nullptr;  // key 0's row
+  std::int64_t ld_bytes = 0, row_bytes = 0;
+  void keys(std::int64_t j, int count) const {
+    if (at != nullptr) prefetch_rows_l2(at + j * ld_bytes, ld_bytes, row_bytes, count);
+  }
+};
+
+inline RowsAhead rows_ahead(const DecodeQk& t) {
+  return {static_cast<const char*>(t.k_ahead), t.ldk * elem_bytes(t.k_dtype), t.H * elem_bytes(t.k_dtype)};
+}
+
 // Lane i = the sum of the lanes of v[i]: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
 inline __m256 transpose_add8(const __m256 (&v)[kQkAcc]) {
   const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -182,7 +196,11 @@ void qk_rows(const DecodeQk& t, const Q& q, std::int64_t j_begin) {
   const AnyRows k{static_cast<const char*>(t.k), t.ldk * elem_bytes(t.k_dtype), t.k_dtype, t.H, t.k_scale, t.ld_scale};
   const int nc = static_cast<int>(t.Hp / kChunk);
   const std::int64_t end = (t.n + 15) / 16 * 16;
-  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
+  const RowsAhead ahead = rows_ahead(t);
+  for (std::int64_t j0 = j_begin; j0 < end; j0 += kQkAcc) {
+    ahead.keys(j0, kQkAcc);
+    qk_group<R, 0>(t, q, k, j0, keys_in(t.n - j0, kQkAcc), nc);
+  }
 }
 
 // The fast path for bf16 or int8 rows of HC chunks (with_fast_chunks; HC = 0: ceil(H / 16) of them, a
@@ -193,7 +211,11 @@ template <int R, int HC, typename Q, typename Rows>
 void qk_rows_fast(const DecodeQk& t, const Q& q, const Rows& k) {
   const std::int64_t full = t.n / kQkAcc * kQkAcc;
   const int nc = chunks_of<HC>(t.H);
-  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) qk_group<R, HC>(t, q, k, j0, kQkAcc, nc);
+  const RowsAhead ahead = rows_ahead(t);
+  for (std::int64_t j0 = 0; j0 < full; j0 += kQkAcc) {
+    ahead.keys(j0, kQkAcc);
+    qk_group<R, HC>(t, q, k, j0, kQkAcc, nc);
+  }
   qk_rows<R>(t, q, full);
 }
 
@@ -214,18 +236,27 @@ void qk_rows_any(const DecodeQk& t, const Q& q) {
 }
 
 // f(call) for a call in pieces (DecodeQk::k_pieces) as one call per piece, on its 16 keys' rows where
-// they lie (the same logits: each is its own key's; the last piece's zeros up to round_up(n, 16)), every
-// line of the next piece into L2 as each starts (step_rows_ahead: the hardware prefetchers do not
-// cross into it); f(t) for rows together. So the kernels' loops are those of rows together: with the
-// prefetch inside them, GCC's combiner took 2.6x this file's compile time (session 34).
+// they lie (the same logits: each is its own key's; the last piece's zeros up to round_up(n, 16)); f(t)
+// for rows together. So the kernels' loops are those of rows together: with the piece checks and the
+// prefetch inside them, GCC's combiner took 2.6x this file's compile time (session 34). The hardware
+// prefetchers do not cross from one piece into the next, which lies anywhere: each piece's call takes
+// the piece kAheadPieces on as its k_ahead, whose rows go to L2 a group of 8 keys at a time as the
+// call reads its own (qk_rows_fast, qk_rows, qk_rows_i8), and as each piece starts the first line of
+// the piece after that goes to L2, which starts its page walk early. Every line of the next piece at
+// each piece's start instead (step_rows_ahead, as the AVX-512 kernels do) read page 16 1.06-1.07x
+// slower at T = 1 (docs/performance.md, session 39). The prefetch stays outside qk_group: inside its
+// loop over row blocks (a block's keys at a time) GCC 12 allocated the dense loop's registers otherwise
+// and dense T = 1 ran 1.15x slower from DRAM, though no slower in L2.
 template <typename F>
 void for_each_piece_call(const DecodeQk& t, F f) {
   if (t.k_pieces == nullptr) return f(t);
-  const std::int64_t ld_bytes = t.ldk * elem_bytes(t.k_dtype), row_bytes = t.H * elem_bytes(t.k_dtype);
   for (std::int64_t j0 = 0; j0 < t.n; j0 += kDecodePieceKeys) {
     DecodeQk piece = t;
     piece.s = t.s + j0;
-    piece.k = step_rows_ahead(nullptr, t.k_pieces, ld_bytes, row_bytes, j0, t.n);
+    const std::int64_t i = j0 / kDecodePieceKeys;
+    piece.k = t.k_pieces[i];
+    piece.k_ahead = (i + kAheadPieces) * kDecodePieceKeys < t.n ? t.k_pieces[i + kAheadPieces] : nullptr;
+    prefetch_next_piece(t.k_pieces, t.n, j0, kAheadPieces + 1);
     piece.n = t.n - j0 < kDecodePieceKeys ? t.n - j0 : kDecodePieceKeys;
     if (t.k_scale != nullptr) piece.k_scale = t.k_scale + j0 * t.ld_scale;
     piece.k_pieces = nullptr;
@@ -351,7 +382,9 @@ inline __attribute__((always_inline)) void qk_block_i8(const DecodeQk& t, const 
 // nothing.
 template <int R, int HC, bool kTail>
 void qk_rows_i8(const DecodeQk& t, const std::int16_t* qi, const float* factor) {
+  const RowsAhead ahead = rows_ahead(t);
   const auto group = [&](std::int64_t j0, int nj, auto whole, auto kc, int nc) __attribute__((always_inline)) {
+    ahead.keys(j0, kQkAcc);  // (as qk_rows_fast)
     row_blocks<R, 8>([&](auto rb, int r0) __attribute__((always_inline)) {
       constexpr int RB = decltype(rb)::value, KG = kQkAcc / RB;
 #pragma GCC unroll 8

@@ -285,6 +285,10 @@ struct DecodeQk {
   // Where the set has decode_row_pieces and the rows are bf16 or int8: key j's row at
   // k_pieces[j / kDecodePieceKeys] + (j % kDecodePieceKeys) * ldk elements (k unused); else null.
   const void* const* k_pieces = nullptr;
+  // Hint, the same bits either way: rows read after these (key j's at k_ahead + j * ldk elements, in
+  // the dtype and layout of the rows here), which a set may prefetch as it reads key j; or null. The
+  // avx2 set's calls per piece set it to a later piece of the call (kernels_avx2_decode_qk.cpp).
+  const void* k_ahead = nullptr;
 };
 
 struct DecodePv {
