@@ -6,11 +6,12 @@ the pages its block_table row lists (handed out as it grows, from a shuffled fre
 engine would). Prompts of different lengths are prefilled in chunks of up to 16 tokens (chunked
 prefill: T new tokens per call, causal bottom-right within each sequence), then each step feeds one
 token per sequence and appends its k, v in the same call. The weights are random, so the tokens are
-nonsense; the point is the cache traffic and the tokens/s. With --kv-dtype int8 the page pools hold
-int8 values with a float32 scale per key (flashgqa.quantize_kv's format): the call quantizes the
-appended k, v itself.
+nonsense; the point is the cache traffic and the tokens/s. --kv-dtype picks the page pools' dtype:
+float32 (the default), bfloat16 or float16 (the new k, v are rounded to it before the call writes
+them), or int8 with a float32 scale per key (flashgqa.quantize_kv's format: the call quantizes the
+appended k, v itself).
 
-    python examples/generate/generate.py --batch 4 --new-tokens 64 [--kv-dtype int8]
+    python examples/generate/generate.py --batch 4 --new-tokens 64 [--kv-dtype bfloat16|float16|int8]
 """
 import argparse
 import os
@@ -21,6 +22,7 @@ import time
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 import flashgqa  # noqa: E402
@@ -52,6 +54,10 @@ def line_aligned_zeros(shape, dtype, align=64):
     return raw[skip:skip + nbytes].view(dtype).reshape(shape)
 
 
+# --kv-dtype: the page pools' numpy dtypes (bfloat16 from ml_dtypes, as flashgqa takes it).
+KV_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "int8": np.int8}
+
+
 class PagedCache:
     """Per layer a k and a v page pool; per sequence a row of the block table."""
 
@@ -60,8 +66,8 @@ class PagedCache:
         self.max_pages = -(-max_len // page_size)
         num_pages = batch * self.max_pages
         shape = (num_pages, model.K, page_size, model.H)
-        self.k = [line_aligned_zeros(shape, kv_dtype) for _ in range(model.layers)]
-        self.v = [line_aligned_zeros(shape, kv_dtype) for _ in range(model.layers)]
+        self.k = [line_aligned_zeros(shape, KV_DTYPES[kv_dtype]) for _ in range(model.layers)]
+        self.v = [line_aligned_zeros(shape, KV_DTYPES[kv_dtype]) for _ in range(model.layers)]
         scales = kv_dtype == "int8"  # a float32 scale per (page, kv head, row)
         self.k_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]
         self.v_scale = [np.zeros(shape[:-1], np.float32) if scales else None for _ in range(model.layers)]
@@ -96,6 +102,8 @@ def forward(model, cache, tokens):
         q = (h @ model.wq[i]).reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
         k = np.ascontiguousarray((h @ model.wk[i]).reshape(B, T, K, H).transpose(0, 2, 1, 3))
         v = np.ascontiguousarray((h @ model.wv[i]).reshape(B, T, K, H).transpose(0, 2, 1, 3))
+        if cache.k[i].dtype != np.int8:  # a float cache takes k_new, v_new in its own dtype
+            k, v = k.astype(cache.k[i].dtype), v.astype(cache.v[i].dtype)
         o = flashgqa.attention_with_kvcache(q, cache.k[i], cache.v[i], cache_seqlens=cache.seqlens,
                                             block_table=cache.table, k_new=k, v_new=v,
                                             k_scale=cache.k_scale[i], v_scale=cache.v_scale[i],
@@ -112,7 +120,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=16, help="prefill tokens per call (T)")
-    ap.add_argument("--kv-dtype", choices=["float32", "int8"], default="float32",
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="float32",
                     help="the page pools' dtype (int8: quantized as they are appended)")
     ap.add_argument("--threads", type=int, default=1,
                     help="attention threads (a model this small gains nothing from more: each call is tiny)")
@@ -148,7 +156,7 @@ def main():
     decode = time.perf_counter() - t0
     print(f"prompts {prompt_lens}: prefill {sum(prompt_lens)} tokens in {prefill * 1e3:.1f} ms")
     print(f"decode: {args.batch} x {args.new_tokens - 1} tokens in {decode * 1e3:.1f} ms = "
-          f"{args.batch * (args.new_tokens - 1) / decode:.1f} tokens/s (cache lengths {list(cache.seqlens)})")
+          f"{args.batch * (args.new_tokens - 1) / decode:.1f} tokens/s (cache lengths {[int(n) for n in cache.seqlens]})")
     print("first tokens:", [o[:8] for o in out])
 
 
