@@ -265,7 +265,10 @@ int bench_decode(const Args& args) {
       for (auto& [row, c] : batch) c->run(threads);  // warm-up
       for (int r = 0; r < repeats; ++r) {
         dram_rounds.push_back(study::measure_dram_read(threads, 1).median);
-        for (auto& [row, c] : batch) rows[row].times.push_back(seconds_of([&] { c->run(threads); }));
+        for (auto& [row, c] : batch) {
+          DecodeCase& one = *c;  // (clang 14 does not capture a structured binding)
+          rows[row].times.push_back(seconds_of([&] { one.run(threads); }));
+        }
       }
       batch.clear();
       held = 0;
