@@ -136,6 +136,39 @@ def test_dense_and_paged_give_the_same_bits_and_torch_works(rng):
     assert not np.isnan(kc[table[0, 700 // 16], :, 700 % 16]).any()
 
 
+def test_shared_prefix_pages(rng):
+    """Sequences whose tables share their first pages (a common prompt), each appending into its own
+    last page: the bits of the same call on a cache with the prefix copied for each sequence. An
+    append into a row another sequence holds (or two appends into one row) is refused before
+    anything is written: it would overwrite a key that call reads."""
+    K, G, T, H, P = 2, 4, 2, 64, 16
+    seqlens = np.array([37, 46, 32], np.int32)  # a 32-key prefix (pages 0 and 1), then each its own page
+    pool = rng.standard_normal((9, K, P, H)).astype(np.float32)
+    pool[5:7], pool[7:9] = pool[0:2], pool[0:2]  # the prefix's copies
+    vpool = rng.standard_normal((9, K, P, H)).astype(np.float32)
+    vpool[5:7], vpool[7:9] = vpool[0:2], vpool[0:2]
+    q = rng.standard_normal((3, K, G, T, H)).astype(np.float32)
+    kn, vn = (rng.standard_normal((3, K, T, H)).astype(np.float32) for _ in range(2))
+    results = []
+    for table in ([[0, 1, 2], [0, 1, 3], [0, 1, 4]], [[0, 1, 2], [5, 6, 3], [7, 8, 4]]):
+        kc, vc = pool.copy(), vpool.copy()
+        results.append(flashgqa.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                       block_table=np.array(table, np.int32),
+                                                       k_new=kn, v_new=vn))
+        assert kc[2, :, 37 % P].tobytes() == kn[0, :, 0].tobytes() and kc[4, :, 0].tobytes() == kn[2, :, 0].tobytes()
+    assert results[0].tobytes() == results[1].tobytes()
+    for lens, table, message in (
+            ([37, 37], [[0, 1, 2], [0, 1, 2]], r"sequence 1 appends k_new/v_new into rows 5..6 of page 2, "
+                                               r"which sequence 0 also holds \(block_table\[0\]\[2\]\)"),
+            ([20, 32], [[0, 1, 2], [0, 1, 3]], r"block_table\[0\]\[1\] = 1: sequence 0 appends k_new/v_new into "
+                                               r"rows 4..5 of page 1")):
+        kc, vc = pool.copy(), vpool.copy()
+        with pytest.raises(ValueError, match=message):
+            flashgqa.attention_with_kvcache(q[:2], kc, vc, cache_seqlens=np.array(lens, np.int32),
+                                            block_table=np.array(table, np.int32), k_new=kn[:2], v_new=vn[:2])
+        assert kc.tobytes() == pool.tobytes() and vc.tobytes() == vpool.tobytes()
+
+
 def test_sdpa_layout_and_jax_cache(rng):
     jnp = pytest.importorskip("jax.numpy")
     seqlens = [10, 40]

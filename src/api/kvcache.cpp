@@ -135,6 +135,43 @@ void check_new_keys_finite(const KvCache& c, const CacheShape& cs) {
         }
 }
 
+// A paged call with k_new writes rows of the pages its block tables name: each appended row must be
+// held by its own sequence's key alone, or the append would overwrite a key that another sequence (or
+// the same one at another position) reads in this call, or another sequence's append (one key lost,
+// and a wrong answer with no error). Pages shared by several tables (a common prefix) stay allowed
+// where nothing is appended into them. Work: the pages the call reads, a search each.
+void check_appends_are_private(const KvCache& c, const CacheShape& cs) {
+  struct Append {
+    std::int32_t page;
+    std::int64_t b, i, r0, r1;  // rows [r0, r1) of the page, sequence b's page i
+  };
+  std::vector<Append> appends;
+  for (std::int64_t b = 0; b < cs.B; ++b)
+    for (std::int64_t i = c.seqlens[b] / cs.rows; i * cs.rows < cs.length(c, b); ++i)
+      appends.push_back({c.block_table[b * c.max_pages + i], b, i, std::max<std::int64_t>(c.seqlens[b] - i * cs.rows, 0),
+                         std::min(cs.length(c, b) - i * cs.rows, cs.rows)});
+  std::sort(appends.begin(), appends.end(), [](const Append& x, const Append& y) { return x.page < y.page; });
+  const auto where = [](std::int64_t b, std::int64_t i) {
+    return "block_table[" + std::to_string(b) + "][" + std::to_string(i) + "]";
+  };
+  for (std::int64_t b = 0; b < cs.B; ++b)
+    for (std::int64_t i = 0; i * cs.rows < cs.length(c, b); ++i) {
+      const std::int32_t page = c.block_table[b * c.max_pages + i];
+      const std::int64_t held = std::min(cs.length(c, b) - i * cs.rows, cs.rows);  // rows [0, held)
+      const auto [first, last] = std::equal_range(appends.begin(), appends.end(), Append{page, 0, 0, 0, 0},
+                                                  [](const Append& x, const Append& y) { return x.page < y.page; });
+      for (auto a = first; a != last; ++a)
+        if ((a->b != b || a->i != i) && a->r0 < held)
+          fail(where(a->b, a->i) + " = " + std::to_string(page) + ": sequence " + std::to_string(a->b) +
+               " appends k_new/v_new into rows " + std::to_string(a->r0) + ".." + std::to_string(a->r1 - 1) +
+               " of page " + std::to_string(page) + ", which " +
+               (a->b == b ? "it also holds at " : "sequence " + std::to_string(b) + " also holds (") + where(b, i) +
+               (a->b == b ? "" : ")") + ", rows 0.." + std::to_string(held - 1) +
+               "; expected each appended row in one sequence's page only (a page shared by several tables, a "
+               "common prefix, takes no new keys)");
+    }
+}
+
 // Everything but the per-sequence problems (make_problem checks those): throws before any write.
 CacheShape check_cache(const TensorView& out, const TensorView* lse, const TensorView& q, const KvCache& c,
                        const Options& o) {
@@ -235,6 +272,7 @@ CacheShape check_cache(const TensorView& out, const TensorView* lse, const Tenso
           fail(std::string(appended[j].second) + ": the same memory as " + appended[i].second +
                ", which k_new/v_new are also written into; expected separate buffers");
     if (cs.int8) check_new_keys_finite(c, cs);
+    if (cs.paged && cs.T > 0) check_appends_are_private(c, cs);
   }
   return cs;
 }

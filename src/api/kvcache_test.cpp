@@ -271,6 +271,15 @@ TEST(KvCache, RejectsBadInput) {
   expect_error([&](CacheCase& c, KvCache&, Options&) { c.out.shape[3] = 1; }, "out: shape");
   expect_error([&](CacheCase& c, KvCache& k, Options&) { c.out = k.k, c.out.rank = 5, c.out.shape = {2, 1, 2, 2, 64}, c.out.stride = {256, 256, 128, 64, 1}, c.out.dtype = DType::bf16; },
                "out: memory overlaps k_cache");
+  // Appends into a page another sequence, or the same one elsewhere, holds (seqlens {20, 10}, T = 2:
+  // sequence 0 appends rows 4..5 of its page 1 = table[1], sequence 1 rows 10..11 of table[2]).
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.table[2] = c.table[1]; },
+               "sequence 0 appends k_new/v_new into rows 4..5 of page " + std::to_string(CacheCase(spec, 3).table[1]) +
+                   ", which sequence 1 also holds (block_table[1][0]), rows 0..11");
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.table[1] = c.table[0]; },
+               "which it also holds at block_table[0][0], rows 0..15");
+  expect_error([&](CacheCase& c, KvCache&, Options&) { c.table[2] = c.table[0]; },  // a shared prefix appended into
+               "sequence 1 appends k_new/v_new into rows 10..11");
   std::int32_t cu[] = {0, 1};
   expect_error([&](CacheCase&, KvCache&, Options& o) { o.cu_seqlens_q = o.cu_seqlens_k = cu, o.num_sequences = 1; },
                "cu_seqlens");
