@@ -25,7 +25,7 @@
 # cross compiler and qemu-user once.
 # Left out (they run on every x86 CI run, on the same portable policy code): the thread-count
 # bit-identity tests (KvCacheTest.SameBitsDensePagedAndAnyThreads too: ~1 min on neon-bf16), the
-# property test, the packed-sequence and window sweeps, and FlashDecode/KvCacheTest on neon and
+# attention() property test, the packed-sequence and window sweeps, and FlashDecode/KvCacheTest on neon and
 # portable (they take the packed path there).
 # GoogleTest for the target is built from Debian's libgtest-dev sources (/usr/src/googletest); Google
 # Benchmark is not cross-built (flashgqa_bench is skipped here, as CMakeLists.txt does without it).
@@ -70,6 +70,8 @@ main+=":AllIsas/KvCacheTest.VariantsMatchReference/neon_bf16:AllIsas/KvCacheTest
 # Guarded caches (every page before an inaccessible page): the neon-bf16 decode kernels read no row past
 # a page (~45 s emulated, one test: in one shard).
 main+=":AllIsas/KvCacheGuardTest.*/neon_bf16"
+# The KV-cache API's property test (hostile tables, lengths and k_new; guarded memory) on neon-bf16.
+main+=":AllIsas/KvCacheProperty.*/neon_bf16"
 active='SoftcapLadder*:SoftcapOption*:KvSplits*:FlashBlocks*:Interrupt*:SinksReference*:PackedSequences.ReferenceEquals*'
 
 # One emulated process keeps one core busy: the suite runs as $jobs GoogleTest shards side by side
