@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -67,10 +68,11 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
     const std::int64_t P = pick(rng, {0, 16, 16, 32});
     const DType dtype = pick(rng, {DType::f32, DType::bf16, DType::f16, DType::i8});
     const bool int8 = dtype == DType::i8, with_new = rng() % 2 == 0;
-    const DType fd = int8 ? DType::bf16 : dtype;  // q's and k_new's dtype
+    const DType fd = int8 ? DType::bf16 : dtype;                 // q's and k_new's dtype
     std::vector<std::int64_t> len(static_cast<std::size_t>(B));  // keys after the call
     std::int64_t longest = 1;
-    for (std::int64_t& L : len) longest = std::max(longest, L = static_cast<std::int64_t>(rng() % 41) + (with_new ? T : 0));
+    for (std::int64_t& L : len)
+      longest = std::max(longest, L = static_cast<std::int64_t>(rng() % 41) + (with_new ? T : 0));
     const std::int64_t max_pages = P ? (longest + P - 1) / P + static_cast<std::int64_t>(rng() % 2) : 0;
     const std::int64_t num_pages = P ? B * max_pages + static_cast<std::int64_t>(rng() % 3) : 0;
     const std::int64_t dim0 = P ? num_pages : B, rows = P ? P : longest + static_cast<std::int64_t>(rng() % 3);
@@ -79,7 +81,8 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
     GuardedBuffer table(static_cast<std::size_t>(B * max_pages) * 4), seqlens(static_cast<std::size_t>(B) * 4);
     auto* tab = reinterpret_cast<std::int32_t*>(table.data());
     auto* lens = reinterpret_cast<std::int32_t*>(seqlens.data());
-    for (std::int64_t b = 0; b < B; ++b) lens[b] = static_cast<std::int32_t>(len[static_cast<std::size_t>(b)] - (with_new ? T : 0));
+    for (std::int64_t b = 0; b < B; ++b)
+      lens[b] = static_cast<std::int32_t>(len[static_cast<std::size_t>(b)] - (with_new ? T : 0));
     if (P) {
       std::vector<std::int32_t> pages(static_cast<std::size_t>(num_pages));
       for (std::int64_t i = 0; i < num_pages; ++i) pages[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
@@ -95,18 +98,23 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
       tab[max_pages + (len[1] - 1) / P] = tab[(len[0] - 1) / P];
       change = "sequence 1's last page is sequence 0's";
     }
-    if (hostile == 4 && P && B && max_pages > 1) tab[1] = tab[0], change = "sequence 0's second page is its first";
+    if (hostile == 4 && P && B && max_pages > 1) {
+      tab[1] = tab[0];
+      change = "sequence 0's second page is its first";
+    }
     // The cache: NaN everywhere (int8: NaN scales), then every key a sequence holds before the call.
     const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
     std::vector<float> row(static_cast<std::size_t>(H));
     auto row_at = [&](const Guarded& t, std::int64_t b, std::int64_t kh, std::int64_t s) {
       const std::int64_t i = P ? tab[b * max_pages + s / P] : b, r = P ? s % P : s;
-      return t.memory->data() + ((i * K + kh) * rows + r) * (t.view.rank == 4 ? H : 1) * static_cast<std::int64_t>(dtype_size(t.view.dtype));
+      return t.memory->data() + ((i * K + kh) * rows + r) * (t.view.rank == 4 ? H : 1) *
+                                    static_cast<std::int64_t>(dtype_size(t.view.dtype));
     };
     for (const Guarded* t : {&k, &v}) {
       std::fill(row.begin(), row.end(), nan);
       if (!int8)
-        for (std::int64_t i = 0; i < dim0 * K * rows; ++i) store_row(t->memory->data() + i * H * es, dtype, row.data(), H);
+        for (std::int64_t i = 0; i < dim0 * K * rows; ++i)
+          store_row(t->memory->data() + i * H * es, dtype, row.data(), H);
     }
     for (const Guarded* t : {&k_scale, &v_scale})
       if (int8) std::fill_n(reinterpret_cast<float*>(t->memory->data()), dim0 * K * rows, nan);
@@ -137,27 +145,43 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
     if (P) cache.block_table = tab, cache.max_pages = max_pages;
     if (with_new) cache.k_new = &k_new.view, cache.v_new = &v_new.view;
     if (int8) cache.k_scale = &k_scale.view, cache.v_scale = &v_scale.view;
-    TensorView bad_new;
-    switch (hostile) {
-      case 0: if (B) lens[B - 1] = -1, change = "a negative length"; break;
-      case 1: if (B) lens[0] = static_cast<std::int32_t>((P ? max_pages * P : rows) + 1), change = "a length past the cache"; break;
-      case 2: if (P && B) tab[(B - 1) * max_pages] = rng() % 2 ? -1 : static_cast<std::int32_t>(num_pages), change = "a page out of range"; break;
-      case 5: if (with_new) bad_new = k_new.view, ++bad_new.shape[2], cache.k_new = &bad_new, change = "k_new too long"; break;
-      case 6: if (with_new && !int8) bad_new = k_new.view, bad_new.dtype = dtype == DType::f32 ? DType::bf16 : DType::f32, cache.k_new = &bad_new, change = "k_new of another dtype"; break;
-      case 7: if (int8) cache.v_scale = nullptr, change = "no v_scale"; break;
-      case 8: if (P == 32) cache.k.shape[2] = cache.v.shape[2] = 24, change = "page size 24"; break;
-      case 9: out.view.dtype = static_cast<DType>(7), change = "a bad out dtype"; break;
-      default: break;
+    TensorView bad_new = with_new ? k_new.view : TensorView{};
+    if (hostile == 0 && B) {
+      lens[B - 1] = -1;
+      change = "a negative length";
+    } else if (hostile == 1 && B) {
+      lens[0] = static_cast<std::int32_t>((P ? max_pages * P : rows) + 1);
+      change = "a length past the cache";
+    } else if (hostile == 2 && P && B) {
+      tab[(B - 1) * max_pages] = rng() % 2 ? -1 : static_cast<std::int32_t>(num_pages);
+      change = "a page out of range";
+    } else if (hostile == 5 && with_new) {
+      ++bad_new.shape[2];
+      cache.k_new = &bad_new;
+      change = "k_new too long";
+    } else if (hostile == 6 && with_new && !int8) {
+      bad_new.dtype = dtype == DType::f32 ? DType::bf16 : DType::f32;
+      cache.k_new = &bad_new;
+      change = "k_new of another dtype";
+    } else if (hostile == 7 && int8) {
+      cache.v_scale = nullptr;
+      change = "no v_scale";
+    } else if (hostile == 8 && P == 32) {
+      cache.k.shape[2] = cache.v.shape[2] = 24;
+      change = "page size 24";
+    } else if (hostile == 9) {
+      out.view.dtype = static_cast<DType>(7);
+      change = "a bad out dtype";
     }
     Options o;
     o.causal = rng() % 5 != 0;
-    switch (rng() % 8) {
-      case 0: o.window_left = static_cast<std::int64_t>(rng() % 20), change += ", window"; break;
-      case 1: o.softcap = 2.0, change += ", softcap"; break;
-      case 2: o.precision = Precision::f32, change += ", f32"; break;
-      case 3: o.block_kv = 16, change += ", block_kv 16"; break;
-      default: break;
-    }
+    const std::uint64_t variant = rng() % 8;  // one of four variants, or none
+    if (variant == 0) o.window_left = static_cast<std::int64_t>(rng() % 20);
+    if (variant == 1) o.softcap = 2.0;
+    if (variant == 2) o.precision = Precision::f32;
+    if (variant == 3) o.block_kv = 16;
+    const char* variants[] = {", window", ", softcap", ", f32", ", block_kv 16"};
+    if (variant < std::size(variants)) change += variants[variant];
     o.threads = 1 + static_cast<int>(rng() % 3);
     const std::string what = "trial " + std::to_string(trial) + " B " + std::to_string(B) + " K " + std::to_string(K) +
                              " G " + std::to_string(G) + " T " + std::to_string(T) + " H " + std::to_string(H) +
@@ -178,8 +202,9 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
     ++computed;
     // Each sequence against the reference on its keys as the cache now holds them (int8: the products,
     // checked as kvcache_case.hpp's expect_matches_reference checks them).
-    if (T == 0) continue;  // nothing computed (the appends were checked above: none)
-    const bool integers = int8 && o.precision == Precision::bf16 && std::string(kvcache_int8_form(G, T, H)) == "integers";
+    if (T == 0) continue;  // no queries: no output and no new keys
+    const bool integers =
+        int8 && o.precision == Precision::bf16 && std::string(kvcache_int8_form(G, T, H)) == "integers";
     float max_v_scale = 0.0f;
     if (int8)
       for (std::int64_t i = 0; i < dim0 * K * rows; ++i)
@@ -192,17 +217,21 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
       std::vector<char> kd(static_cast<std::size_t>(std::max<std::int64_t>(K * L * H * des, 1))), vd = kd;
       for (std::int64_t kh = 0; kh < K; ++kh)
         for (std::int64_t s = 0; s < L; ++s)
-          for (auto [dst, t, scale, added] : {std::tuple{&kd, &k, &k_scale, &k_new}, std::tuple{&vd, &v, &v_scale, &v_new}}) {
+          for (auto [dst, t, scale, added] :
+               {std::tuple{&kd, &k, &k_scale, &k_new}, std::tuple{&vd, &v, &v_scale, &v_new}}) {
             char* at = dst->data() + (kh * L + s) * H * des;
             if (int8) {
               const float sc = *reinterpret_cast<const float*>(row_at(*scale, b, kh, s));
-              for (std::int64_t h = 0; h < H; ++h) row[static_cast<std::size_t>(h)] = static_cast<float>(reinterpret_cast<const std::int8_t*>(row_at(*t, b, kh, s))[h]) * sc;
+              for (std::int64_t h = 0; h < H; ++h)
+                row[static_cast<std::size_t>(h)] =
+                    static_cast<float>(reinterpret_cast<const std::int8_t*>(row_at(*t, b, kh, s))[h]) * sc;
               store_row(at, DType::f32, row.data(), H);
             } else {
               std::memcpy(at, row_at(*t, b, kh, s), static_cast<std::size_t>(H * es));
             }
             if (s >= lens[b]) {  // appended: k_new's row (int8: as quantize_kv quantizes it)
-              const char* src = added->memory->data() + ((b * K + kh) * T + s - lens[b]) * H * static_cast<std::int64_t>(dtype_size(fd));
+              const char* src = added->memory->data() +
+                                ((b * K + kh) * T + s - lens[b]) * H * static_cast<std::int64_t>(dtype_size(fd));
               if (int8) {
                 std::vector<std::int8_t> q8(static_cast<std::size_t>(H));
                 const float sc = quantize_row(q8.data(), src, fd, H);
@@ -214,7 +243,8 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
             } else {  // held before the call: as it was (no append wrote it)
               const std::vector<char>& before = t == &k ? k_before : v_before;
               const char* now = row_at(*t, b, kh, s);
-              EXPECT_EQ(std::memcmp(now, before.data() + (now - t->memory->data()), static_cast<std::size_t>(H * es)), 0)
+              EXPECT_EQ(std::memcmp(now, before.data() + (now - t->memory->data()), static_cast<std::size_t>(H * es)),
+                        0)
                   << what << ": sequence " << b << "'s key " << s << " was overwritten";
             }
           }
@@ -227,8 +257,9 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
       ob.causal_offset = L - T;
       if (integers) ob.precision = Precision::f32;
       const TensorView out_b = entry(out.view), lse_b = entry(lse.view);
-      const Problem p = make_problem(out_b, &lse_b, entry(q.view), contiguous_view(kd.data(), dense_dtype, {1, K, L, H}),
-                                     contiguous_view(vd.data(), dense_dtype, {1, K, L, H}), ob);
+      const Problem p =
+          make_problem(out_b, &lse_b, entry(q.view), contiguous_view(kd.data(), dense_dtype, {1, K, L, H}),
+                       contiguous_view(vd.data(), dense_dtype, {1, K, L, H}), ob);
       const ReferenceResult ref = reference_attention(p);
       ExtraError extra;
       if (integers) {
