@@ -255,9 +255,9 @@ void attention_backward(const TensorView& dq, const TensorView& dk, const Tensor
 //   dense:  k, v [B, K, S_max, H]: sequence b's key s at k[b, :, s, :]; block_table null.
 //   paged:  k, v [num_pages, K, page_size, H] with block_table [B][max_pages] (int32, row-major):
 //           sequence b's key s at k[block_table[b * max_pages + s / page_size], :, s % page_size, :];
-//           page_size a multiple of 16. A page may appear in several tables (shared prefixes) as long
-//           as no call appends into it: a k_new row bound for a row that another sequence (or the same
-//           one at another position) holds in the call is an Error, before anything is written.
+//           page_size a multiple of 16. A page may appear in several tables (shared prefixes), but a
+//           call's k_new may not go into a row that another sequence (or the same one at another
+//           position) holds in the call: that is an Error, before anything is written.
 // Any strides with H contiguous; K/V dtypes float32, bfloat16, float16 or int8 (k and v alike).
 // int8 (quantized, quantize_kv): k_scale and v_scale are float32 views of the cache's shape without H
 // ([B, K, S_max] or [num_pages, K, page_size], any strides); key s of kv head kh stands for the values
