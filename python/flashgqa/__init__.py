@@ -353,8 +353,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=No
       cache_seqlens: ``[B]`` ints, the keys already in each sequence's cache.
       block_table: ``[B, max_pages]`` ints: sequence b's key s lives in page
         ``block_table[b, s // page_size]``, row ``s % page_size``. None: a dense cache. Tables
-        may share pages (a common prefix) that take no new keys: an append into a row that
-        another sequence, or the same one at another position, holds raises ValueError.
+        may share pages (a common prefix), but an append into a row that another sequence, or
+        the same one at another position, holds raises ValueError.
       k_new, v_new: ``[B, K, T, H]`` of the cache's dtype (any float dtype for an int8 cache, which
         quantizes them as :func:`quantize_kv` does and writes their scales), written at keys
         ``cache_seqlens[b] .. cache_seqlens[b] + T - 1`` of each sequence before attending

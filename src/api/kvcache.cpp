@@ -174,8 +174,8 @@ void check_appends_are_private(const KvCache& c, const CacheShape& cs) {
                " of page " + std::to_string(page) + ", which " +
                (a->b == b ? "it also holds at " : "sequence " + std::to_string(b) + " also holds (") + where(b, i) +
                (a->b == b ? "" : ")") + ", rows 0.." + std::to_string(held - 1) +
-               "; expected each appended row in one sequence's page only (a page shared by several tables, a "
-               "common prefix, takes no new keys)");
+               "; expected each appended row held by its own sequence alone (the pages of a shared prefix take "
+               "no new keys)");
     }
 }
 
