@@ -22,10 +22,8 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "core/problem.hpp"
 #include "core/quantize_row.hpp"
 #include "flashgqa/flashgqa.hpp"
-#include "reference/reference.hpp"
 #include "reference/tolerance.hpp"
 #include "testing/guarded_memory.hpp"
 #include "testing/isa_test.hpp"
@@ -200,11 +198,9 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
       continue;
     }
     ++computed;
-    // Each sequence against the reference on its keys as the cache now holds them (int8: the products,
-    // checked as kvcache_case.hpp's expect_matches_reference checks them).
+    // Each sequence against the reference on its keys as the cache now holds them (int8: the products;
+    // testing::sequence_against_reference).
     if (T == 0) continue;  // no queries: no output and no new keys
-    const bool integers =
-        int8 && o.precision == Precision::bf16 && std::string(kvcache_int8_form(G, T, H)) == "integers";
     float max_v_scale = 0.0f;
     if (int8)
       for (std::int64_t i = 0; i < dim0 * K * rows; ++i)
@@ -248,27 +244,8 @@ TEST_P(KvCacheProperty, EveryCallMatchesItsGatheredKeysOrThrowsError) {
                   << what << ": sequence " << b << "'s key " << s << " was overwritten";
             }
           }
-      auto entry = [b](TensorView t) {
-        t.data = static_cast<char*>(t.data) + b * t.stride[0] * static_cast<std::int64_t>(dtype_size(t.dtype));
-        t.shape[0] = 1;
-        return t;
-      };
-      Options ob = o;
-      ob.causal_offset = L - T;
-      if (integers) ob.precision = Precision::f32;
-      const TensorView out_b = entry(out.view), lse_b = entry(lse.view);
-      const Problem p =
-          make_problem(out_b, &lse_b, entry(q.view), contiguous_view(kd.data(), dense_dtype, {1, K, L, H}),
-                       contiguous_view(vd.data(), dense_dtype, {1, K, L, H}), ob);
-      const ReferenceResult ref = reference_attention(p);
-      ExtraError extra;
-      if (integers) {
-        extra.logit = std::fabs(static_cast<double>(p.scale)) * static_cast<double>(H) * ref.max_abs_q * ref.max_abs_k *
-                      (0x1p-16 + 0x1p-22);
-        extra.weight_rel = 0x1p-8;
-        extra.out = 16.0 * 128.0 * (0x1p-16 + 0x1p-22) * max_v_scale;
-      }
-      const ErrorReport r = check_against_reference(p, ref, any_key_sums(p), false, extra);
+      const ErrorReport r = testing::sequence_against_reference(out.view, lse.view, q.view, b, kd.data(), vd.data(),
+                                                                dense_dtype, L, o, int8, max_v_scale);
       EXPECT_TRUE(r.ok) << what << ", sequence " << b << ": " << r.describe();
     }
   }

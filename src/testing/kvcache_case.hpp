@@ -67,6 +67,40 @@ inline std::string to_string(const CacheSpec& s) {
   return r;
 }
 
+// Sequence b of an attention_with_kvcache call (out, lse and q [B, K, G, T, H]) against the float64
+// reference on its L keys, given as dense [1, K, L, H] rows kd, vd of dense_dtype (an int8 cache's as
+// float32 products). int8: the call read an int8 cache, which it computes with in the integers form only
+// where kvcache_int8_form(G, T, H) says so (the decode kernels take the call on int8 rows): that form,
+// which rounds neither K nor V, is checked under Precision::f32 with its own errors (tolerance.hpp,
+// ExtraError; max_v_scale: the cache's largest V scale); the products form as bf16 rows.
+inline ErrorReport sequence_against_reference(const TensorView& out, const TensorView& lse, const TensorView& q,
+                                              std::int64_t b, const void* kd, const void* vd, DType dense_dtype,
+                                              std::int64_t L, const Options& o, bool int8, float max_v_scale) {
+  const std::int64_t K = q.shape[1], G = q.shape[2], T = q.shape[3], H = q.shape[4];
+  const bool integers = int8 && o.precision == Precision::bf16 && T > 0 &&
+                        std::string(kvcache_int8_form(G, T, H)) == "integers";
+  auto entry = [b](TensorView t) {
+    t.data = static_cast<char*>(t.data) + b * t.stride[0] * static_cast<std::int64_t>(dtype_size(t.dtype));
+    t.shape[0] = 1;
+    return t;
+  };
+  const TensorView out_b = entry(out), lse_b = entry(lse), q_b = entry(q);
+  Options ob = o;
+  ob.causal_offset = o.causal_offset.value_or(L - T);
+  if (integers) ob.precision = Precision::f32;
+  const Problem p = make_problem(out_b, &lse_b, q_b, contiguous_view(kd, dense_dtype, {1, K, L, H}),
+                                 contiguous_view(vd, dense_dtype, {1, K, L, H}), ob);
+  const ReferenceResult ref = reference_attention(p);
+  ExtraError extra;
+  if (integers) {
+    extra.logit = std::fabs(static_cast<double>(p.scale)) * static_cast<double>(H) * ref.max_abs_q * ref.max_abs_k *
+                  (0x1p-16 + 0x1p-22);
+    extra.weight_rel = 0x1p-8;
+    extra.out = 16.0 * 128.0 * (0x1p-16 + 0x1p-22) * max_v_scale;
+  }
+  return check_against_reference(p, ref, any_key_sums(p), false, extra);
+}
+
 // A cache laid out as the spec says; the same seed gives the same logical keys, values and queries in
 // every layout. Rows no sequence holds are NaN (a read of one would show; in an int8 cache their
 // scales are NaN). An int8 cache holds quantize_row of the logical rows, and the logical rows become
@@ -255,16 +289,10 @@ struct CacheCase {
   }
 
   // Each sequence's output and lse against the reference on its dense [1, K, L_b, H] equivalent (for
-  // an int8 cache, float32 rows of the products it stands for). Where the decode kernels take int8 in
-  // the integers form (microkernels.hpp), which rounds neither K nor V, the reference runs under
-  // Precision::f32 and the check adds that form's own errors (tolerance.hpp, ExtraError); calls past
-  // the decode kernels (G > 8 or G*T > 128), and on amx calls of 16 rows or more (G*T >= 16), take the
-  // products form, checked as bf16 rows.
+  // an int8 cache, float32 rows of the products it stands for; sequence_against_reference, which checks
+  // the integers form with its own errors where the call takes it: calls past the decode kernels, G > 8
+  // or G*T > 128, and on amx calls of 16 rows or more, G*T >= 16, take the products form).
   void expect_matches_reference(const Options& o, const std::string& what) {
-    // The integers form only where kvcache_int8_form(G, T, H) says so (the decode kernels take the
-    // call on int8 rows): elsewhere the products form, whose bf16 operands the bf16 reference allows for.
-    const bool integers = int8() && o.precision == Precision::bf16 &&
-                          std::string(kvcache_int8_form(spec.G, spec.T, spec.H)) == "integers";
     float max_v_scale = 0.0f;
     for (float x : v_scale_buf)
       if (std::isfinite(x)) max_v_scale = std::max(max_v_scale, std::fabs(x));
@@ -280,26 +308,8 @@ struct CacheCase {
             std::copy_n(&(*logical)[static_cast<std::size_t>(((b * K + kh) * S_log + j) * H)], H, rowf.begin());
             store_row(dst->data() + (kh * L + j) * H * es, dense_dtype, rowf.data(), H);
           }
-      auto entry = [b](TensorView t) {
-        t.data = static_cast<char*>(t.data) + b * t.stride[0] * static_cast<std::int64_t>(dtype_size(t.dtype));
-        t.shape[0] = 1;
-        return t;
-      };
-      const TensorView out_b = entry(out), lse_b = entry(lse), q_b = entry(q);
-      Options ob = o;
-      ob.causal_offset = o.causal_offset.value_or(L - T);
-      if (integers) ob.precision = Precision::f32;
-      const Problem p = make_problem(out_b, &lse_b, q_b, contiguous_view(kd.data(), dense_dtype, {1, K, L, H}),
-                                     contiguous_view(vd.data(), dense_dtype, {1, K, L, H}), ob);
-      const ReferenceResult ref = reference_attention(p);
-      ExtraError extra;
-      if (integers) {
-        extra.logit = std::fabs(static_cast<double>(p.scale)) * static_cast<double>(H) * ref.max_abs_q *
-                      ref.max_abs_k * (0x1p-16 + 0x1p-22);
-        extra.weight_rel = 0x1p-8;
-        extra.out = 16.0 * 128.0 * (0x1p-16 + 0x1p-22) * max_v_scale;
-      }
-      const ErrorReport r = check_against_reference(p, ref, any_key_sums(p), false, extra);
+      const ErrorReport r = sequence_against_reference(out, lse, q, b, kd.data(), vd.data(), dense_dtype, L, o,
+                                                       int8(), max_v_scale);
       EXPECT_TRUE(r.ok) << what << " " << to_string(spec) << " sequence " << b << ": " << r.describe();
     }
   }
