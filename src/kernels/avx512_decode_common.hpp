@@ -11,7 +11,10 @@
 // What decides their speed is the order of the loads and the instructions per key: the hardware
 // prefetchers keep a stream going only when the rows are read line after line, so the kernels issue no
 // software prefetch (docs/performance.md, decode I), except where they cannot follow: into the next
-// piece of rows in pieces (decode_pieces.hpp) and int8 P.V's passes (avx512_decode_pv.hpp).
+// piece of rows in pieces (decode_pieces.hpp) and int8 P.V's passes (avx512_decode_pv.hpp), and on
+// Intel cores (FmaPairs, kPrefetchV), where a stream with work beside its loads reads at the rate the
+// core's own misses allow: there P.V's first pass over dense bf16 V prefetches each line it loads
+// kPvAheadBytes on (docs/performance.md, session 41).
 //
 // The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
 // the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
@@ -37,6 +40,9 @@ namespace decode_avx512 {
 constexpr int kQkGroup = 16;  // keys per transpose-add
 constexpr int kPvGroup = 32;  // keys per pass over the columns (8 KiB of bf16 V at H = 128: L1)
 constexpr int kPvFastGroupBytes = 8192;  // of V per group on the fast path (32 keys at H = 128)
+// How far ahead P.V's first pass prefetches dense bf16 V rows into L2, line by line, where the policy
+// asks for it (Mac::kPrefetchV): 32 keys at H = 128.
+constexpr std::int64_t kPvAheadBytes = 8192;
 using word_t = std::uint32_t __attribute__((may_alias));
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
@@ -75,6 +81,7 @@ struct DotBf16 {
   // decode PV: a key pair's P word, broadcast; w the two keys' rows interleaved into pairs (vpermt2w);
   // the accumulators hold O's columns in order.
   static constexpr bool kSplitO = false;
+  static constexpr bool kPrefetchV = false;
   using Weights = __m512bh;
   static Weights weights(word_t pw) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(pw)); }
   struct Pairs {
@@ -119,6 +126,11 @@ struct FmaPairs {
   // as loaded; the accumulators hold each 32-column chunk of O as its 16 even columns, then its 16 odd
   // ones (split_o / join_o around the passes).
   static constexpr bool kSplitO = true;
+  // P.V's first pass over dense bf16 V prefetches each line it loads kPvAheadBytes on, into L2: the
+  // FmaPairs sets run on Intel cores (avx512bf16 where vdpbf16ps is half rate, avx512f), whose stream
+  // otherwise waits on the pass's misses (8 sequences at T = 1 on an Emerald Rapids without AMX:
+  // 1.15x faster; docs/performance.md, session 41).
+  static constexpr bool kPrefetchV = true;
   struct Weights {
     __m512 odd, even;
   };
