@@ -12,9 +12,9 @@
 // prefetchers keep a stream going only when the rows are read line after line, so the kernels issue no
 // software prefetch (docs/performance.md, decode I), except where they cannot follow: into the next
 // piece of rows in pieces (decode_pieces.hpp) and int8 P.V's passes (avx512_decode_pv.hpp), and on
-// Intel cores (FmaPairs, kPrefetchV), where a stream with work beside its loads reads at the rate the
-// core's own misses allow: there P.V's first pass over dense bf16 V prefetches each line it loads
-// kPvAheadBytes on (docs/performance.md, session 41).
+// Intel cores (FmaPairs, kPrefetchRows), where a stream with work beside its loads reads at the rate
+// the core's own misses allow: there Q.K and P.V's first pass prefetch each line of dense bf16 K and V
+// they load kDecodeAheadBytes on (docs/performance.md, session 41).
 //
 // The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
 // the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
@@ -27,6 +27,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/avx512_helpers.hpp"
 #include "kernels/decode_pieces.hpp"
@@ -40,9 +41,9 @@ namespace decode_avx512 {
 constexpr int kQkGroup = 16;  // keys per transpose-add
 constexpr int kPvGroup = 32;  // keys per pass over the columns (8 KiB of bf16 V at H = 128: L1)
 constexpr int kPvFastGroupBytes = 8192;  // of V per group on the fast path (32 keys at H = 128)
-// How far ahead P.V's first pass prefetches dense bf16 V rows into L2, line by line, where the policy
-// asks for it (Mac::kPrefetchV): 32 keys at H = 128.
-constexpr std::int64_t kPvAheadBytes = 8192;
+// How far ahead Q.K and P.V's first pass prefetch dense bf16 rows into L2, line by line, where the
+// policy asks for it (Mac::kPrefetchRows): 32 keys at H = 128.
+constexpr std::int64_t kDecodeAheadBytes = 8192;
 using word_t = std::uint32_t __attribute__((may_alias));
 
 inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype_size(d)); }
@@ -81,7 +82,7 @@ struct DotBf16 {
   // decode PV: a key pair's P word, broadcast; w the two keys' rows interleaved into pairs (vpermt2w);
   // the accumulators hold O's columns in order.
   static constexpr bool kSplitO = false;
-  static constexpr bool kPrefetchV = false;
+  static constexpr bool kPrefetchRows = false;
   using Weights = __m512bh;
   static Weights weights(word_t pw) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(pw)); }
   struct Pairs {
@@ -126,11 +127,11 @@ struct FmaPairs {
   // as loaded; the accumulators hold each 32-column chunk of O as its 16 even columns, then its 16 odd
   // ones (split_o / join_o around the passes).
   static constexpr bool kSplitO = true;
-  // P.V's first pass over dense bf16 V prefetches each line it loads kPvAheadBytes on, into L2: the
-  // FmaPairs sets run on Intel cores (avx512bf16 where vdpbf16ps is half rate, avx512f), whose stream
-  // otherwise waits on the pass's misses (8 sequences at T = 1 on an Emerald Rapids without AMX:
-  // 1.15x faster; docs/performance.md, session 41).
-  static constexpr bool kPrefetchV = true;
+  // Q.K and P.V's first pass prefetch each line of dense bf16 K and V they load kDecodeAheadBytes on,
+  // into L2 (Bf16RowsAhead): the FmaPairs sets run on Intel cores (avx512bf16 where vdpbf16ps is half
+  // rate, avx512f), where the stream otherwise waits on the kernels' own misses (8 sequences at T = 1
+  // on an Emerald Rapids without AMX: 1.2-1.3x faster; docs/performance.md, session 41).
+  static constexpr bool kPrefetchRows = true;
   struct Weights {
     __m512 odd, even;
   };
@@ -176,6 +177,7 @@ struct FmaPairsCvt : FmaPairs<kSplitQ> {
 struct DotI16 {
   static constexpr int kQChunkBytes = 64;
   static constexpr bool kIntSums = true;
+  static constexpr bool kPrefetchRows = false;  // int8 rows only (kDecodeInt8AheadKeys)
   static __m512 mac(__m512 acc, const char* q, __m512i k) {
     return _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(acc), _mm512_load_si512(q), k));
   }
@@ -246,6 +248,21 @@ struct Bf16Rows {
   Bf16Rows at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row` (a piece's)
   __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
 };
+
+// Bf16Rows whose chunk(j, c) also prefetches the line kDecodeAheadBytes on into L2 (dense rows only:
+// the rows run on past the call's keys in address order; a prefetch past the cache's end is dropped).
+struct Bf16RowsAhead {
+  const char* base;
+  std::int64_t ld_bytes;
+  Bf16RowsAhead at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes}; }
+  Bf16RowsAhead at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row`
+  __m512i chunk(std::int64_t j, int c) const {
+    const char* line = base + j * ld_bytes + 64 * c;
+    prefetch_l2(line + kDecodeAheadBytes);
+    return _mm512_loadu_si512(line);
+  }
+};
+
 // The scales of 16 keys, key i's at s[i ld] (int8 rows): lanes outside m 0, and not read.
 inline __m512 load_scales16(const float* s, std::int64_t ld, __mmask16 m) {
   if (ld == 1) return _mm512_maskz_loadu_ps(m, s);
@@ -266,6 +283,9 @@ struct Int8Rows {
     return Mac::template i8_chunk<true>(base + j * ld_bytes, 32 * c, 0, _mm512_set1_ps(scale[j * ld_scale]));
   }
 };
+
+template <typename Rows>
+constexpr bool kIsInt8Rows = !std::is_same_v<Rows, Bf16Rows> && !std::is_same_v<Rows, Bf16RowsAhead>;
 
 }  // namespace decode_avx512
 }  // namespace

@@ -102,14 +102,14 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 
 // Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
 // the group's V rows whole, in address order (the second from L1). kAhead: the first pass prefetches
-// each line it loads kPvAheadBytes on (Mac::kPrefetchV, dense rows).
+// each line it loads kDecodeAheadBytes on (Mac::kPrefetchRows, dense rows).
 template <typename Mac, int R, int RP, int HC, bool kAhead, typename Rows>
 inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
                                                         std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
                                                         const Rows& v0) {
   constexpr int kRows = R < RP ? R : RP;
   pv_pass<Mac, kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) {
-    if constexpr (kAhead) prefetch_l2(v0.base + j * v0.ld_bytes + 64 * c + kPvAheadBytes);
+    if constexpr (kAhead) prefetch_l2(v0.base + j * v0.ld_bytes + 64 * c + kDecodeAheadBytes);
     return v0.chunk(j, c);
   });
   if constexpr (R > RP)
@@ -140,8 +140,8 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   // Keys [j0, j1) of rows (P's words from pw: keys j0 and j0 + 1 at pw[j0 / 2]).
-  // kAhead: dense bf16 rows, whose first pass prefetches each line it loads kPvAheadBytes on
-  // (Mac::kPrefetchV); a column pass, which loads kWide of each row's HC lines, also the row's others.
+  // kAhead: dense bf16 rows, whose first pass prefetches each line it loads kDecodeAheadBytes on
+  // (Mac::kPrefetchRows); a column pass, which loads kWide of each row's HC lines, also the row's others.
   const auto group = [&]<bool kAhead>(const word_t* pw, const Rows& rows, std::int64_t j0, std::int64_t j1) {
     if constexpr (kWholeRows) {
       pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, pw, ldp_words, j0, j1, rows);
@@ -149,7 +149,7 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
       std::int64_t c0 = 0;
       if constexpr (kAhead) {
         pv_pass<Mac, R, kWide>(o, ldo, pw, ldp_words, j0, j1, [&](std::int64_t j, int c) {
-          const char* ahead = rows.base + j * rows.ld_bytes + 64 * c + kPvAheadBytes;
+          const char* ahead = rows.base + j * rows.ld_bytes + 64 * c + kDecodeAheadBytes;
 #pragma GCC unroll 8
           for (int l = 0; l < HC; l += kWide) prefetch_l2(ahead + 64 * l);
           return rows.chunk(j, c);
@@ -171,7 +171,7 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
             kDecodePieceKeys);
       continue;
     }
-    group.template operator()<Mac::kPrefetchV && !kInt8>(p, v0, j0, j0 + kGroup);
+    group.template operator()<Mac::kPrefetchRows && !kInt8>(p, v0, j0, j0 + kGroup);
   }
   if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<Mac, R, true>(t, full);
   else pv_rows<Mac, R, false>(t, full);

@@ -185,6 +185,8 @@ void qk_rows(const DecodeQk& t, QRows qr, std::int64_t j_begin) {
 // The keys' scales of Int8Rows (DotI16's logits), null for Bf16Rows.
 inline const float* key_scales(const Bf16Rows&) { return nullptr; }
 inline std::int64_t key_scales_ld(const Bf16Rows&) { return 0; }
+inline const float* key_scales(const Bf16RowsAhead&) { return nullptr; }
+inline std::int64_t key_scales_ld(const Bf16RowsAhead&) { return 0; }
 template <typename Mac>
 inline const float* key_scales(const Int8Rows<Mac>& r) { return r.scale; }
 template <typename Mac>
@@ -239,11 +241,12 @@ inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, con
     store_logits<RB>(s + jj, lds, qk_sums_fast<Mac, RB, HC>(q, kr.at(jj), scale, rf));
 }
 
-// Rows: Bf16Rows, or Int8Rows (int8 rows with their scales, same order and sums). The Q rows are
-// copied together first where they are not (R HC chunks, at most 8 KiB). Dense int8 rows go to L2
-// kDecodeInt8AheadKeys keys ahead (microkernels.hpp: from DRAM on Zen 4, 8 sequences at T = 1, 1.06x
-// faster, 1.15x with the policy's prefetch of each call's first keys; docs/performance.md, session
-// 32); bf16 rows were no faster with it.
+// Rows: Bf16Rows, Bf16RowsAhead (dense bf16 rows prefetched line by line, Mac::kPrefetchRows), or
+// Int8Rows (int8 rows with their scales, same order and sums). The Q rows are copied together first
+// where they are not (R HC chunks, at most 8 KiB). Dense int8 rows go to L2 kDecodeInt8AheadKeys keys
+// ahead (microkernels.hpp: from DRAM on Zen 4, 8 sequences at T = 1, 1.06x faster, 1.15x with the
+// policy's prefetch of each call's first keys; docs/performance.md, session 32); bf16 rows were no
+// faster with it there, nor int8 rows prefetched line by line on Emerald Rapids (session 41).
 template <typename Mac, int R, int HC, typename Rows>
 void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   constexpr std::int64_t kRowBytes = HC * Mac::kQChunkBytes;
@@ -263,7 +266,7 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     // (In pieces, the group's 16 rows lie in one.)
     const Rows kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
-    if constexpr (!std::is_same_v<Rows, Bf16Rows>)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
+    if constexpr (kIsInt8Rows<Rows>)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
       if (t.k_pieces == nullptr && j0 + kDecodeInt8AheadKeys + kQkGroup <= t.n)
         prefetch_rows_l2(k0.base + (j0 + kDecodeInt8AheadKeys) * k0.ld_bytes, k0.ld_bytes, row_bytes, kQkGroup);
     int r0 = 0;  // row blocks of 8, 4, 2, 1
@@ -273,7 +276,7 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
     if constexpr (R % 2 == 1) qk_rows_block_fast<Mac, 1, HC>(q + r0 * kRowBytes, kr, s + r0 * lds + j0, lds, scale, rf_at(r0));
   }
   if (full < t.n) {
-    if constexpr (std::is_same_v<Rows, Bf16Rows>) qk_rows<Mac, R, true>(t, qr, full);
+    if constexpr (!kIsInt8Rows<Rows>) qk_rows<Mac, R, true>(t, qr, full);
     else qk_rows<Mac, R, false>(t, qr, full);
   }
 }
@@ -282,6 +285,8 @@ template <typename Mac, int R, int HC>
 void qk_rows_fast_any(const DecodeQk& t, QRows qr) {
   const char* k0 = static_cast<const char*>(t.k);
   if (t.k_dtype == DType::i8) return qk_rows_fast<Mac, R, HC>(t, qr, Int8Rows<Mac>{k0, t.ldk, t.k_scale, t.ld_scale});
+  if constexpr (Mac::kPrefetchRows)
+    if (t.k_pieces == nullptr) return qk_rows_fast<Mac, R, HC>(t, qr, Bf16RowsAhead{k0, t.ldk * 2});
   qk_rows_fast<Mac, R, HC>(t, qr, Bf16Rows{k0, t.ldk * 2});
 }
 
