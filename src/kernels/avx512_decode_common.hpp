@@ -129,8 +129,8 @@ struct FmaPairs {
   static constexpr bool kSplitO = true;
   // Q.K and P.V's first pass prefetch each line of dense bf16 K and V they load kDecodeAheadBytes on,
   // into L2 (Bf16RowsAhead): the FmaPairs sets run on Intel cores (avx512bf16 where vdpbf16ps is half
-  // rate, avx512f), where the stream otherwise waits on the kernels' own misses (8 sequences at T = 1
-  // on an Emerald Rapids without AMX: 1.2-1.3x faster; docs/performance.md, session 41).
+  // rate, avx512f), where the stream otherwise waits on the kernels' own misses (on an Emerald Rapids
+  // without AMX, T = 1: 8 sequences 1.2x faster, one of 32768 keys 1.3x; docs/performance.md, session 41).
   static constexpr bool kPrefetchRows = true;
   struct Weights {
     __m512 odd, even;
