@@ -249,8 +249,10 @@ struct Bf16Rows {
   __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
 };
 
-// Bf16Rows whose chunk(j, c) also prefetches the line kDecodeAheadBytes on into L2 (dense rows only:
-// the rows run on past the call's keys in address order; a prefetch past the cache's end is dropped).
+// Bf16Rows whose chunk(j, c) also prefetches the line kDecodeAheadBytes on into L2: for rows laid out
+// in address order (a dense cache, or a page's run of rows), not pieces. The lines past the call's
+// keys are the next block's rows (dense) or the next kv head's of the page, which its head group reads
+// next; a prefetch past the cache's end is dropped (no fault).
 struct Bf16RowsAhead {
   const char* base;
   std::int64_t ld_bytes;

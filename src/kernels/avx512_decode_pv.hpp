@@ -109,8 +109,8 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
                                                         const Rows& v0) {
   constexpr int kRows = R < RP ? R : RP;
   pv_pass<Mac, kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) {
-    if constexpr (kAhead) prefetch_l2(v0.base + j * v0.ld_bytes + 64 * c + kDecodeAheadBytes);
-    return v0.chunk(j, c);
+    if constexpr (kAhead) return Bf16RowsAhead{v0.base, v0.ld_bytes}.chunk(j, c);
+    else return v0.chunk(j, c);
   });
   if constexpr (R > RP)
     pv_row_passes<Mac, R - RP, RP, HC, false>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0);
