@@ -249,21 +249,36 @@ struct Bf16Rows {
   __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
 };
 
-// Bf16Rows whose chunk(j, c) also prefetches the line kDecodeAheadBytes on into L2: for rows laid out
-// in address order (a dense cache, or a page's run of rows), not pieces. The lines past the call's
-// keys are the next block's rows (dense) or the next kv head's of the page, which its head group reads
-// next; a prefetch past the cache's end is dropped (no fault).
+// Bf16Rows whose chunk(j, c) also prefetches the line `ahead` bytes on into L2. For rows laid out in
+// address order (a dense cache, or a page's run of rows) that is kDecodeAheadBytes: the lines past
+// the call's keys are the next block's rows (dense) or the next kv head's of the page, which its head
+// group reads next; a prefetch past the cache's end is dropped (no fault). For a piece of rows
+// (piece_rows_ahead) it is the same line of a piece further on.
 struct Bf16RowsAhead {
   const char* base;
   std::int64_t ld_bytes;
-  Bf16RowsAhead at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes}; }
-  Bf16RowsAhead at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row`
+  std::int64_t ahead = kDecodeAheadBytes;
+  Bf16RowsAhead at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, ahead}; }
   __m512i chunk(std::int64_t j, int c) const {
     const char* line = base + j * ld_bytes + 64 * c;
-    prefetch_l2(line + kDecodeAheadBytes);
+    prefetch_l2(line + ahead);
     return _mm512_loadu_si512(line);
   }
 };
+
+// The piece of rows that holds keys [j, j + kDecodePieceKeys) (j a multiple of it; n keys in the
+// call), prefetching from the piece about kDecodeAheadBytes on (at least the next; none past the
+// call's keys: then each line prefetches itself). On Emerald Rapids, page 16 (bf16, 8 sequences at
+// T = 1): 1.1-1.2x faster than the whole next piece at each piece's start (step_rows_ahead); the piece
+// two on at H = 128; one on was 1.07-1.09x slower (docs/performance.md, session 41).
+inline Bf16RowsAhead piece_rows_ahead(const void* const* pieces, std::int64_t ld_bytes, std::int64_t row_bytes,
+                                      std::int64_t j, std::int64_t n) {
+  const std::int64_t step = kDecodeAheadBytes / (kDecodePieceKeys * row_bytes);
+  const std::int64_t i = j / kDecodePieceKeys, later = i + (step > 1 ? step : 1);
+  const char* row = static_cast<const char*>(pieces[i]);
+  const char* ahead = later * kDecodePieceKeys < n ? static_cast<const char*>(pieces[later]) : row;
+  return {row, ld_bytes, ahead - row};
+}
 
 // The scales of 16 keys, key i's at s[i ld] (int8 rows): lanes outside m 0, and not read.
 inline __m512 load_scales16(const float* s, std::int64_t ld, __mmask16 m) {

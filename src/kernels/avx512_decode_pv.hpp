@@ -102,18 +102,18 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
 
 // Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
 // the group's V rows whole, in address order (the second from L1). kAhead: the first pass prefetches
-// each line it loads kDecodeAheadBytes on (Mac::kPrefetchRows, dense rows).
+// each line it loads `ahead` bytes on (Mac::kPrefetchRows: Bf16RowsAhead).
 template <typename Mac, int R, int RP, int HC, bool kAhead, typename Rows>
 inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
                                                         std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
-                                                        const Rows& v0) {
+                                                        const Rows& v0, std::int64_t ahead) {
   constexpr int kRows = R < RP ? R : RP;
   pv_pass<Mac, kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) {
-    if constexpr (kAhead) return Bf16RowsAhead{v0.base, v0.ld_bytes}.chunk(j, c);
+    if constexpr (kAhead) return Bf16RowsAhead{v0.base, v0.ld_bytes, ahead}.chunk(j, c);
     else return v0.chunk(j, c);
   });
   if constexpr (R > RP)
-    pv_row_passes<Mac, R - RP, RP, HC, false>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0);
+    pv_row_passes<Mac, R - RP, RP, HC, false>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0, 0);
 }
 
 // The fast path for bf16 rows with H = Hp = 32 HC: groups of kPvFastGroupBytes of V whose keys are all
@@ -140,18 +140,20 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   // Keys [j0, j1) of rows (P's words from pw: keys j0 and j0 + 1 at pw[j0 / 2]).
-  // kAhead: dense bf16 rows, whose first pass prefetches each line it loads kDecodeAheadBytes on
-  // (Mac::kPrefetchRows); a column pass, which loads kWide of each row's HC lines, also the row's others.
-  const auto group = [&]<bool kAhead>(const word_t* pw, const Rows& rows, std::int64_t j0, std::int64_t j1) {
+  // kAhead: bf16 rows whose first pass prefetches each line it loads `ahead` bytes on (Mac::
+  // kPrefetchRows, Bf16RowsAhead); a column pass, which loads kWide of each row's HC lines, also the
+  // row's others.
+  const auto group = [&]<bool kAhead>(const word_t* pw, const Rows& rows, std::int64_t j0, std::int64_t j1,
+                                      std::int64_t ahead) {
     if constexpr (kWholeRows) {
-      pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, pw, ldp_words, j0, j1, rows);
+      pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, pw, ldp_words, j0, j1, rows, ahead);
     } else {
       std::int64_t c0 = 0;
       if constexpr (kAhead) {
         pv_pass<Mac, R, kWide>(o, ldo, pw, ldp_words, j0, j1, [&](std::int64_t j, int c) {
-          const char* ahead = rows.base + j * rows.ld_bytes + 64 * c + kDecodeAheadBytes;
+          const char* line = rows.base + j * rows.ld_bytes + 64 * c + ahead;
 #pragma GCC unroll 8
-          for (int l = 0; l < HC; l += kWide) prefetch_l2(ahead + 64 * l);
+          for (int l = 0; l < HC; l += kWide) prefetch_l2(line + 64 * l);
           return rows.chunk(j, c);
         });
         c0 = kWide;
@@ -165,13 +167,19 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   const std::int64_t row_bytes = t.H * elem_bytes(t.v_dtype);
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
     if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
-      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys)
-        group.template operator()<false>(
-            p + j / 2, v0.at(j, step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, row_bytes, j, t.n)), 0,
-            kDecodePieceKeys);
+      for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
+        if constexpr (Mac::kPrefetchRows && !kInt8) {
+          const Bf16RowsAhead piece = piece_rows_ahead(t.v_pieces, v0.ld_bytes, row_bytes, j, t.n);
+          group.template operator()<true>(p + j / 2, Rows{piece.base, piece.ld_bytes}, 0, kDecodePieceKeys, piece.ahead);
+        } else {
+          group.template operator()<false>(
+              p + j / 2, v0.at(j, step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, row_bytes, j, t.n)), 0,
+              kDecodePieceKeys, 0);
+        }
+      }
       continue;
     }
-    group.template operator()<Mac::kPrefetchRows && !kInt8>(p, v0, j0, j0 + kGroup);
+    group.template operator()<Mac::kPrefetchRows && !kInt8>(p, v0, j0, j0 + kGroup, kDecodeAheadBytes);
   }
   if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<Mac, R, true>(t, full);
   else pv_rows<Mac, R, false>(t, full);

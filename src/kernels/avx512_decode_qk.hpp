@@ -241,7 +241,7 @@ inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, con
     store_logits<RB>(s + jj, lds, qk_sums_fast<Mac, RB, HC>(q, kr.at(jj), scale, rf));
 }
 
-// Rows: Bf16Rows, Bf16RowsAhead (dense bf16 rows prefetched line by line, Mac::kPrefetchRows), or
+// Rows: Bf16Rows, Bf16RowsAhead (bf16 rows prefetched line by line, Mac::kPrefetchRows), or
 // Int8Rows (int8 rows with their scales, same order and sums). The Q rows are copied together first
 // where they are not (R HC chunks, at most 8 KiB). Dense int8 rows go to L2 kDecodeInt8AheadKeys keys
 // ahead (microkernels.hpp: from DRAM on Zen 4, 8 sequences at T = 1, 1.06x faster, 1.15x with the
@@ -265,7 +265,11 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   const std::int64_t row_bytes = t.H * elem_bytes(t.k_dtype);
   for (std::int64_t j0 = 0; j0 < full; j0 += kQkGroup) {
     // (In pieces, the group's 16 rows lie in one.)
-    const Rows kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
+    Rows kr;
+    if constexpr (std::is_same_v<Rows, Bf16RowsAhead>)
+      kr = t.k_pieces != nullptr ? piece_rows_ahead(t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n) : k0.at(j0);
+    else
+      kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
     if constexpr (kIsInt8Rows<Rows>)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
       if (t.k_pieces == nullptr && j0 + kDecodeInt8AheadKeys + kQkGroup <= t.n)
         prefetch_rows_l2(k0.base + (j0 + kDecodeInt8AheadKeys) * k0.ld_bytes, k0.ld_bytes, row_bytes, kQkGroup);
@@ -285,8 +289,7 @@ template <typename Mac, int R, int HC>
 void qk_rows_fast_any(const DecodeQk& t, QRows qr) {
   const char* k0 = static_cast<const char*>(t.k);
   if (t.k_dtype == DType::i8) return qk_rows_fast<Mac, R, HC>(t, qr, Int8Rows<Mac>{k0, t.ldk, t.k_scale, t.ld_scale});
-  if constexpr (Mac::kPrefetchRows)
-    if (t.k_pieces == nullptr) return qk_rows_fast<Mac, R, HC>(t, qr, Bf16RowsAhead{k0, t.ldk * 2});
+  if constexpr (Mac::kPrefetchRows) return qk_rows_fast<Mac, R, HC>(t, qr, Bf16RowsAhead{k0, t.ldk * 2});
   qk_rows_fast<Mac, R, HC>(t, qr, Bf16Rows{k0, t.ldk * 2});
 }
 
