@@ -178,7 +178,7 @@ struct FmaPairsCvt : FmaPairs<kSplitQ> {
 struct DotI16 {
   static constexpr int kQChunkBytes = 64;
   static constexpr bool kIntSums = true;
-  static constexpr bool kPrefetchRows = false;  // int8 rows only (kDecodeInt8AheadKeys)
+  static constexpr bool kPrefetchRows = false;  // dense K rows kDecodeInt8AheadKeys on, 16 at a time
   static __m512 mac(__m512 acc, const char* q, __m512i k) {
     return _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(acc), _mm512_load_si512(q), k));
   }
@@ -187,6 +187,14 @@ struct DotI16 {
     if constexpr (kFull) return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + h0)));
     return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(first_lanes32(H - h0), row + h0));
   }
+};
+
+// DotI16 on Intel cores (the fma set, where vdpbf16ps is half rate): dense K rows prefetched line by
+// line, each kDecodeInt8AheadKeys keys on as its first chunk is loaded (Int8RowsAhead), not 16 rows at a
+// time; with P.V's rows the same way (decode_pv_rows_i8<true>) int8 decode on Emerald Rapids 1.06x
+// faster (docs/performance.md, session 41).
+struct DotI16Ahead : DotI16 {
+  static constexpr bool kPrefetchRows = true;
 };
 
 // DotI16's Q rows: rows [0, rows) of q (pack_q_row's bf16, ldq elements apart, zero past H) as int16,
@@ -299,6 +307,19 @@ struct Int8Rows {
   Int8Rows at(std::int64_t j, const char* row) const { return {row, ld_bytes, scale + j * ld_scale, ld_scale}; }
   __m512i chunk(std::int64_t j, int c) const {
     return Mac::template i8_chunk<true>(base + j * ld_bytes, 32 * c, 0, _mm512_set1_ps(scale[j * ld_scale]));
+  }
+};
+
+// Int8Rows whose chunk(j, c) also prefetches, with a line's first chunk, the line kDecodeInt8AheadKeys
+// keys on into L2 (dense rows; DotI16Ahead).
+template <typename Mac>
+struct Int8RowsAhead : Int8Rows<Mac> {
+  Int8RowsAhead at(std::int64_t j) const { return {Int8Rows<Mac>::at(j)}; }
+  Int8RowsAhead at(std::int64_t j, const char* row) const { return {Int8Rows<Mac>::at(j, row)}; }
+  __m512i chunk(std::int64_t j, int c) const {
+    const char* chunk0 = this->base + j * this->ld_bytes + 32 * c;
+    if (c % 2 == 0) prefetch_l2(chunk0 + kDecodeInt8AheadKeys * this->ld_bytes);
+    return Int8Rows<Mac>::chunk(j, c);
   }
 };
 

@@ -289,7 +289,9 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
 
 // One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys,
 // and all 32 NC columns are below H (whole chunks: plain loads, no masks).
-template <int RB, int NC, bool kFull>
+// kAhead: with each key pair's first chunk, every line of the two rows kDecodeInt8AheadKeys keys on
+// into L2 (dense rows; decode_pv_rows_i8<true>).
+template <int RB, int NC, bool kFull, bool kAhead = false>
 inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I16Slice& sl, int r0, int g,
                                                     std::int64_t jg, std::int64_t h0) {
   // The group's 16 keys lie in one piece (jg is a multiple of 16).
@@ -316,6 +318,13 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int c = 0; c < NC; ++c) {
       // The two keys' int16 values as pairs, in the column order of to_unpacked_columns
       // (avx512_helpers.hpp).
+      if constexpr (kAhead) {
+        if (c == 0)
+          for (std::int64_t b = 0; b < t.H; b += 64) {
+            prefetch_l2(v0 + (j + kDecodeInt8AheadKeys) * t.ldv - h0 + b);
+            prefetch_l2(v0 + (j + 1 + kDecodeInt8AheadKeys) * t.ldv - h0 + b);
+          }
+      }
       const __m512i a = row(j, c), b = row(j + 1, c);
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
 #pragma GCC unroll 4
@@ -357,12 +366,16 @@ static_assert(kI16Slice == kDecodeInt8AheadKeys);
 // read each row's lines out of address order, and from DRAM this path took 3x its in-cache time per
 // key (with it, dense int8 decode 1.21x and page 256 1.16x faster on Sapphire Rapids,
 // docs/performance.md, session 19; on Zen 4, 8 sequences at T = 1, 1.12x, session 32).
-template <int RB>
+// kSpread (the fma set, Intel cores): on dense rows the first block of rows prefetches each key pair's
+// rows kDecodeInt8AheadKeys keys on in its first pass instead (i16_group's kAhead; with Q.K's rows the
+// same way, DotI16Ahead, int8 decode on Emerald Rapids 1.06x faster, session 41).
+template <int RB, bool kSpread>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;
   const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
+  const bool spread = kSpread && r0 == 0 && t.v_pieces == nullptr;
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kI16Slice) {
-    if (r0 == 0 && j0 + 2 * kI16Slice <= t.n)
+    if (!spread && r0 == 0 && j0 + 2 * kI16Slice <= t.n)
       for (int j = 0; j < kI16Slice; ++j)
         for (std::int64_t b = 0; b < t.H; b += 64) _mm_prefetch(rows.row(j0 + kI16Slice + j) + b, _MM_HINT_T1);
     i16_slice<RB>(t, r0, j0, sl);
@@ -371,7 +384,8 @@ void pv_block_i16(const DecodePv& t, int r0) {
         const std::int64_t jg = j0 + g * kI16Group;
         const bool full = sl.keys[g] == kI16Group && t.H - h0 >= (t.Hp - h0 >= 64 ? 64 : 32);
         if (t.Hp - h0 >= 64) {
-          if (full) i16_group<RB, 2, true>(t, sl, r0, g, jg, h0);
+          if (full && spread && h0 == 0) i16_group<RB, 2, true, true>(t, sl, r0, g, jg, h0);
+          else if (full) i16_group<RB, 2, true>(t, sl, r0, g, jg, h0);
           else i16_group<RB, 2, false>(t, sl, r0, g, jg, h0);
         } else {
           if (full) i16_group<RB, 1, true>(t, sl, r0, g, jg, h0);
@@ -381,20 +395,22 @@ void pv_block_i16(const DecodePv& t, int r0) {
   }
 }
 
-template <int R>
+template <int R, bool kSpread>
 void pv_rows_i16(const DecodePv& t) {
   if (t.corr) rescale_o<R>(t);
   int r0 = 0;
-  for (; r0 + kI16Rows <= R; r0 += kI16Rows) pv_block_i16<kI16Rows>(t, r0);
-  if constexpr (R % kI16Rows == 3) pv_block_i16<3>(t, r0);
-  if constexpr (R % kI16Rows == 2) pv_block_i16<2>(t, r0);
-  if constexpr (R % kI16Rows == 1) pv_block_i16<1>(t, r0);
+  for (; r0 + kI16Rows <= R; r0 += kI16Rows) pv_block_i16<kI16Rows, kSpread>(t, r0);
+  if constexpr (R % kI16Rows == 3) pv_block_i16<3, kSpread>(t, r0);
+  if constexpr (R % kI16Rows == 2) pv_block_i16<2, kSpread>(t, r0);
+  if constexpr (R % kI16Rows == 1) pv_block_i16<1, kSpread>(t, r0);
 }
 
-// decode_pv_rows for int8 V on int16 weights; false (nothing done) for the other dtypes.
+// decode_pv_rows for int8 V on int16 weights; false (nothing done) for the other dtypes. kSpread: see
+// pv_block_i16.
+template <bool kSpread = false>
 inline bool decode_pv_rows_i8(const DecodePv& t) {
   if (t.v_dtype != DType::i8) return false;
-  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_i16<decltype(r)::value>(t); });
+  with_rows<kDecodeMaxRows>(t.rows, [&](auto r) { pv_rows_i16<decltype(r)::value, kSpread>(t); });
   return true;
 }
 #endif

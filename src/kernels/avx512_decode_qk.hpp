@@ -270,7 +270,7 @@ void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
       kr = t.k_pieces != nullptr ? piece_rows_ahead(t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n) : k0.at(j0);
     else
       kr = k0.at(j0, step_rows_ahead(k0.base, t.k_pieces, k0.ld_bytes, row_bytes, j0, t.n));
-    if constexpr (kIsInt8Rows<Rows>)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
+    if constexpr (kIsInt8Rows<Rows> && !Mac::kPrefetchRows)  // dense int8 rows: kDecodeInt8AheadKeys on (the contract)
       if (t.k_pieces == nullptr && j0 + kDecodeInt8AheadKeys + kQkGroup <= t.n)
         prefetch_rows_l2(k0.base + (j0 + kDecodeInt8AheadKeys) * k0.ld_bytes, k0.ld_bytes, row_bytes, kQkGroup);
     int r0 = 0;  // row blocks of 8, 4, 2, 1
@@ -304,11 +304,17 @@ template <typename Mac, int R>
 void qk_rows_any(const DecodeQk& t, QRows qr) {
   if constexpr (Mac::kIntSums) {  // DotI16: int8 rows only
     const Int8Rows<Mac> k0{static_cast<const char*>(t.k), t.ldk, t.k_scale, t.ld_scale};
-    if (t.H == t.Hp && t.Hp == 64) return qk_rows_fast<Mac, R, 2>(t, qr, k0);
-    if (t.H == t.Hp && t.Hp == 96) return qk_rows_fast<Mac, R, 3>(t, qr, k0);
-    if (t.H == t.Hp && t.Hp == 128) return qk_rows_fast<Mac, R, 4>(t, qr, k0);
-    if (t.H == t.Hp && t.Hp == 256) return qk_rows_fast<Mac, R, 8>(t, qr, k0);
-    return qk_rows<Mac, R, false>(t, qr, 0);
+    const auto fast = [&](const auto& rows) {
+      if (t.H == t.Hp && t.Hp == 64) return qk_rows_fast<Mac, R, 2>(t, qr, rows), true;
+      if (t.H == t.Hp && t.Hp == 96) return qk_rows_fast<Mac, R, 3>(t, qr, rows), true;
+      if (t.H == t.Hp && t.Hp == 128) return qk_rows_fast<Mac, R, 4>(t, qr, rows), true;
+      if (t.H == t.Hp && t.Hp == 256) return qk_rows_fast<Mac, R, 8>(t, qr, rows), true;
+      return false;
+    };
+    if constexpr (Mac::kPrefetchRows)  // DotI16Ahead: dense rows line by line
+      if (t.k_pieces == nullptr && fast(Int8RowsAhead<Mac>{k0})) return;
+    if (!fast(k0)) qk_rows<Mac, R, false>(t, qr, 0);
+    return;
   }
   if ((t.k_dtype != DType::bf16 && t.k_dtype != DType::i8) || t.H != t.Hp) return qk_rows<Mac, R, false>(t, qr, 0);
   switch (t.Hp) {
@@ -329,12 +335,13 @@ void decode_qk_rows(const DecodeQk& t, QRows qr) {
 #ifdef __AVX512VNNI__
 // int8 K on DotI16 (avx512_decode_common.hpp) where H <= kSplitMaxHp and the Q rows are finite; false
 // (nothing done) otherwise, and the caller takes its own path.
+template <typename Mac = DotI16>
 inline bool decode_qk_rows_i8(const DecodeQk& t) {
   if (t.k_dtype != DType::i8 || t.Hp > kSplitMaxHp) return false;
   alignas(64) std::int16_t qi[kDecodeMaxRows * kSplitMaxHp];
   float factor[kDecodeMaxRows];
   if (!quantize_q_rows(qi, factor, t.q, t.ldq, t.Hp, t.rows, t.scale)) return false;
-  decode_qk_rows<DotI16>(t, {reinterpret_cast<const char*>(qi), t.Hp * 2, factor});
+  decode_qk_rows<Mac>(t, {reinterpret_cast<const char*>(qi), t.Hp * 2, factor});
   return true;
 }
 #endif

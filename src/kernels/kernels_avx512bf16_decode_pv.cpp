@@ -10,7 +10,7 @@ void avx512bf16_decode_pv_rows(const DecodePv& t) {
 }
 
 void avx512bf16_fma_decode_pv_rows(const DecodePv& t) {
-  if (decode_avx512::decode_pv_rows_i8(t)) return;
+  if (decode_avx512::decode_pv_rows_i8<true>(t)) return;
   decode_avx512::decode_pv_rows<decode_avx512::FmaPairsCvt<false>>(t);
 }
 

@@ -11,7 +11,7 @@ void avx512bf16_decode_qk_rows(const DecodeQk& t) {
 }
 
 void avx512bf16_fma_decode_qk_rows(const DecodeQk& t) {
-  if (decode_avx512::decode_qk_rows_i8(t)) return;
+  if (decode_avx512::decode_qk_rows_i8<decode_avx512::DotI16Ahead>(t)) return;
   decode_avx512::decode_qk_rows_fma<decode_avx512::FmaPairsCvt>(t);
 }
 
