@@ -191,7 +191,7 @@ struct DotI16 {
 
 // DotI16 on Intel cores (the fma set, where vdpbf16ps is half rate): dense K rows prefetched line by
 // line, each kDecodeInt8AheadKeys keys on as its first chunk is loaded (Int8RowsAhead), not 16 rows at a
-// time; with P.V's rows the same way (decode_pv_rows_i8<true>) int8 decode on Emerald Rapids 1.06x
+// time; with P.V's rows the same way (decode_pv_rows_i8<true>) int8 decode on Emerald Rapids 1.1x
 // faster (docs/performance.md, session 41).
 struct DotI16Ahead : DotI16 {
   static constexpr bool kPrefetchRows = true;

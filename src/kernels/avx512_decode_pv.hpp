@@ -368,7 +368,7 @@ static_assert(kI16Slice == kDecodeInt8AheadKeys);
 // docs/performance.md, session 19; on Zen 4, 8 sequences at T = 1, 1.12x, session 32).
 // kSpread (the fma set, Intel cores): on dense rows the first block of rows prefetches each key pair's
 // rows kDecodeInt8AheadKeys keys on in its first pass instead (i16_group's kAhead; with Q.K's rows the
-// same way, DotI16Ahead, int8 decode on Emerald Rapids 1.06x faster, session 41).
+// same way, DotI16Ahead, int8 decode on Emerald Rapids 1.1x faster, session 41).
 template <int RB, bool kSpread>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;

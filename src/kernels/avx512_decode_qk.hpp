@@ -246,7 +246,8 @@ inline __attribute__((always_inline)) void qk_rows_block_fast(const char* q, con
 // where they are not (R HC chunks, at most 8 KiB). Dense int8 rows go to L2 kDecodeInt8AheadKeys keys
 // ahead (microkernels.hpp: from DRAM on Zen 4, 8 sequences at T = 1, 1.06x faster, 1.15x with the
 // policy's prefetch of each call's first keys; docs/performance.md, session 32); bf16 rows were no
-// faster with it there, nor int8 rows prefetched line by line on Emerald Rapids (session 41).
+// faster with it there. On Intel cores (Mac::kPrefetchRows: FmaPairs, DotI16Ahead) each line is
+// prefetched as it is loaded instead, through Bf16RowsAhead and Int8RowsAhead (session 41).
 template <typename Mac, int R, int HC, typename Rows>
 void qk_rows_fast(const DecodeQk& t, QRows qr, const Rows& k0) {
   constexpr std::int64_t kRowBytes = HC * Mac::kQChunkBytes;
