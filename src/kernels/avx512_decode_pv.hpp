@@ -318,13 +318,8 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int c = 0; c < NC; ++c) {
       // The two keys' int16 values as pairs, in the column order of to_unpacked_columns
       // (avx512_helpers.hpp).
-      if constexpr (kAhead) {
-        if (c == 0)
-          for (std::int64_t b = 0; b < t.H; b += 64) {
-            prefetch_l2(v0 + (j + kDecodeInt8AheadKeys) * t.ldv - h0 + b);
-            prefetch_l2(v0 + (j + 1 + kDecodeInt8AheadKeys) * t.ldv - h0 + b);
-          }
-      }
+      if constexpr (kAhead)
+        if (c == 0) prefetch_rows_l2(v0 - h0 + (j + kDecodeInt8AheadKeys) * t.ldv, t.ldv, t.H, 2);
       const __m512i a = row(j, c), b = row(j + 1, c);
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
 #pragma GCC unroll 4

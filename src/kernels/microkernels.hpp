@@ -103,9 +103,10 @@
 // next).
 // The AVX-512 and avx2 sets' int8 P.V in the integers form prefetches the V rows of its next
 // kDecodeInt8AheadKeys keys, which its passes read out of order (avx2: on dense rows), and their int8
-// Q.K on dense rows the K rows kDecodeInt8AheadKeys keys on as each 16 keys start (the avx512bf16
-// set's fma kernels, on Intel cores, both each line as they first load the line kDecodeInt8AheadKeys
-// keys before it, and their bf16 rows each line ~8 KiB on: session 41) (int8's in-cache time
+// Q.K on dense rows the K rows kDecodeInt8AheadKeys keys on as each 16 keys start (on Intel cores the
+// avx512bf16 set's fma kernels prefetch each such line as they first load the line kDecodeInt8AheadKeys
+// keys before it instead, and the FmaPairs kernels (those and avx512f's) each bf16 line ~8 KiB on,
+// session 41; int8's in-cache time
 // per byte is twice bf16's, and the hardware prefetchers alone left part of each row's DRAM time
 // exposed; on the avx2 set the same prefetches of bf16 rows were slower, session 36); the avx2 set's
 // bf16 P.V on dense rows prefetches the next group's V rows spread over the current group's passes
