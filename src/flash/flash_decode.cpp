@@ -129,13 +129,15 @@ Plan make_plan(const Problem& p, const FlashKernels& k, const KvPages* pages) {
   plan.M = p.G * block_positions(p);  // the most rows of a q block: the workspace's
   plan.R = p.G * decode_positions(p, k);
   plan.Hp = round_up(p.H, kHTile);
+  plan.tiles = &decode_tile_set(k);
   plan.packed = decode_packs_blocks(p, k);
   if (plan.packed) plan.R = std::min(plan.M, kPackedGroupRows);
   plan.convert_k = decode_converts_rows(p, k, p.k_dtype);
   plan.convert_v = decode_converts_rows(p, k, p.v_dtype);
   // Not for f16 rows: pv_tile_rows would convert them again for every row tile (T = 4 1.3x, T = 16
   // 1.4x slower than packing them once; docs/performance.md, session 29).
-  plan.v_in_place = plan.packed && k.pv_tile_rows != nullptr && (plan.convert_v || p.v_dtype == DType::bf16);
+  plan.v_in_place =
+      plan.packed && plan.tiles->pv_tile_rows != nullptr && (plan.convert_v || p.v_dtype == DType::bf16);
   // A block longer than the keys only costs memory: clamp it (same result, one block either way).
   std::int64_t bkv =
       std::min(p.block_kv > 0 ? p.block_kv : kDecodeBlockKeys, padded_keys(std::max<std::int64_t>(p.S, 1)));
@@ -283,10 +285,13 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
   const RowOrder rows = plan.work.row_order(p, task.qb);
   auto* lo = w.lo.as<std::int32_t>();
   auto* hi = w.hi.as<std::int32_t>();
+  // Q's rows as the kernels that take them want them: the tiles' operands (packed blocks), else bf16.
+  const FlashKernels& q_set = plan.packed ? *plan.tiles : kern;
+  const std::int64_t q_bytes = Hp * q_set.operand_bytes;
   for (std::int64_t i = 0; i < count; ++i) {
-    auto* q = w.q.as<std::uint16_t>() + i * w.M * Hp;
+    char* q = w.q.as<char>() + i * w.M * q_bytes;
     for (std::int64_t r = 0; r < M; ++r)
-      kern.pack_q_row(q + r * Hp, {p.q_row(task.b, tasks[i].kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
+      q_set.pack_q_row(q + r * q_bytes, {p.q_row(task.b, tasks[i].kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
     std::fill_n(w.o.as<float>() + i * w.M * Hp, M * Hp, 0.0f);
     std::fill_n(w.m.as<float>() + i * w.M, M, kNegInf);
     std::fill_n(w.l.as<float>() + i * w.M, M, 0.0f);
@@ -333,8 +338,9 @@ namespace decode_task {
 // Sized for the largest of the plans (flash_decode_task.hpp).
 Workspace::Workspace(const std::vector<Plan>& plans) {
   std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
-  std::int64_t panel_keys = 0, v_panel_keys = 0;
+  std::int64_t panel_keys = 0, v_panel_keys = 0, ob = 2;  // ob: the most bytes of a Q or P operand
   for (const Plan& plan : plans) {
+    if (plan.packed) ob = std::max<std::int64_t>(ob, plan.tiles->operand_bytes);
     if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
     if (plan.packed && !plan.v_in_place) v_panel_keys = std::max(v_panel_keys, padded_keys(plan.work.bkv));
     M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
@@ -353,19 +359,19 @@ Workspace::Workspace(const std::vector<Plan>& plans) {
     pieces.reset(static_cast<std::size_t>(ceil_div(gather_keys, kDecodePieceKeys)) * sizeof(const void*));
   }
   if (panel_keys > 0) {
-    k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * 2));  // one K panel
-    if (v_panel_keys > 0) v_panels.reset(static_cast<std::size_t>(v_panel_keys * Hp * 2));  // the block's V panels
+    k_panels.reset(static_cast<std::size_t>(kPanelKeys * Hp * ob));  // one K panel
+    if (v_panel_keys > 0) v_panels.reset(static_cast<std::size_t>(v_panel_keys * Hp * ob));  // the block's V panels
     for (AlignedBuffer* b : {&k_pieces, &v_pieces})
       b->reset(static_cast<std::size_t>(panel_keys / kDecodePieceKeys) * sizeof(const void*));
   }
   if (k_bf16_bytes > 0) k_bf16.reset(static_cast<std::size_t>(k_bf16_bytes));
   if (v_bf16_bytes > 0) v_bf16.reset(static_cast<std::size_t>(v_bf16_bytes));
-  q.reset(static_cast<std::size_t>(heads * M * Hp * 2));
+  q.reset(static_cast<std::size_t>(heads * M * Hp * ob));
   o.reset(static_cast<std::size_t>(heads * M * Hp * 4));
   for (AlignedBuffer* b : {&m, &l, &corr}) b->reset(static_cast<std::size_t>(heads * M * 4));
   for (AlignedBuffer* b : {&lo, &hi}) b->reset(static_cast<std::size_t>(M * 4));
   s.reset(static_cast<std::size_t>(R * ld * 4));
-  p.reset(static_cast<std::size_t>(R * ld * 2));
+  p.reset(static_cast<std::size_t>(R * ld * ob));
   std::memset(s.data(), 0, s.bytes());
 }
 
@@ -391,8 +397,9 @@ bool converts_int8(const Problem& p, const FlashKernels& k) {
 
 bool decode_packs_blocks(const Problem& p, const FlashKernels& k) {
   const bool int8 = p.k_dtype == DType::i8 || p.v_dtype == DType::i8;
-  return k.decode_packed_rows > 0 && p.G * block_positions(p) >= k.decode_packed_rows && k.qk_tile != nullptr &&
-         k.pv_tile != nullptr && k.pack_k != nullptr && k.pack_v != nullptr && (!int8 || converts_int8(p, k));
+  const FlashKernels& t = decode_tile_set(k);
+  return k.decode_packed_rows > 0 && p.G * block_positions(p) >= k.decode_packed_rows && t.qk_tile != nullptr &&
+         t.pv_tile != nullptr && t.pack_k != nullptr && t.pack_v != nullptr && (!int8 || converts_int8(p, k));
 }
 
 bool decode_converts_rows(const Problem& p, const FlashKernels& k, DType dtype) {

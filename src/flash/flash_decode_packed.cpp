@@ -58,18 +58,19 @@ void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std
 // The first group also fetches the next block's rows into L2 (see the top of the file).
 void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
                       std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
-  const FlashKernels& kern = *plan.kern;
-  const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld;
+  const FlashKernels& kern = *plan.tiles;
+  const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld, ob = kern.operand_bytes;
   const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
   const std::int32_t* hi = w.hi.as<std::int32_t>() + r0;
   if (hi[R - 1] <= lo[0]) return;  // no row of the group sees a key of this block
   const std::int64_t hr = head * w.M + r0;
-  const auto* q = w.q.as<std::uint16_t>() + hr * Hp;
+  // Q, P and the panels in the tiles' operands (ob bytes each).
+  const char* q = w.q.as<char>() + hr * Hp * ob;
   float* o = w.o.as<float>() + hr * Hp;
   float* s = w.s.as<float>();
-  auto* pt = w.p.as<std::uint16_t>();
-  auto* kp = w.k_panels.as<std::uint16_t>();
-  auto* vp = w.v_panels.as<std::uint16_t>();
+  char* pt = w.p.as<char>();
+  char* kp = w.k_panels.as<char>();
+  char* vp = w.v_panels.as<char>();
   const std::int64_t mr = kern.mr, row_tiles = ceil_div(R, mr), h_tiles = Hp / kHTile;
   const auto tile_rows = [&](std::int64_t t) { return static_cast<int>(std::min(mr, R - t)); };
   // Keys [j, j + len) of the block's K or V rows, as the packers take them.
@@ -104,13 +105,13 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
   for (std::int64_t c = 0; c < npad; c += kPanelKeys) {
     kern.pack_k(kp, source(true, c, std::min<std::int64_t>(kPanelKeys, n - c)));
     for (std::int64_t t = 0; t < R; t += mr)
-      fetch_share(), kern.qk_tile({s + t * ld + c, ld, q + t * Hp, Hp, kp, Hp, p.scale, tile_rows(t)});
+      fetch_share(), kern.qk_tile({s + t * ld + c, ld, q + t * Hp * ob, Hp, kp, Hp, p.scale, tile_rows(t)});
   }
   if (p.softcap != 0.0f)
     for (std::int64_t r = 0; r < R; ++r) kern.softcap_n(s + r * ld, n, p.softcap);
   bool moved[kPackedGroupRows];  // per row tile: some row's max moved (pv_tile rescales its O rows)
   for (std::int64_t t = 0; t < R; t += mr)
-    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld, ld, w.m.as<float>() + hr + t,
+    moved[t / mr] = kern.softmax_tile({s + t * ld, ld, pt + t * ld * ob, ld, w.m.as<float>() + hr + t,
                                        w.l.as<float>() + hr + t, w.corr.as<float>() + hr + t, lo + t, hi + t, npad,
                                        tile_rows(t), true});
   // P.V: on V's bf16 rows where they lie (pv_tile_rows, Plan::v_in_place), else on the block's V
@@ -122,9 +123,9 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
       fetch_share();
       const float* corr = moved[t / mr] ? w.corr.as<float>() + hr + t : nullptr;
       if (plan.v_in_place)
-        kern.pv_tile_rows({o + t * Hp + h, Hp, pt + t * ld, ld, v_rows, h, nk, corr, tile_rows(t)});
+        kern.pv_tile_rows({o + t * Hp + h, Hp, pt + t * ld * ob, ld, v_rows, h, nk, corr, tile_rows(t)});
       else
-        kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld, ld, vp + h * npad, nk, corr, tile_rows(t)});
+        kern.pv_tile({o + t * Hp + h, Hp, pt + t * ld * ob, ld, vp + h * npad * ob, nk, corr, tile_rows(t)});
     }
 }
 

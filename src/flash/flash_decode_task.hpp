@@ -21,6 +21,7 @@ constexpr std::int64_t kPackedGroupRows = 64;
 
 struct Plan {
   const FlashKernels* kern = nullptr;
+  const FlashKernels* tiles = nullptr;  // the packed blocks' tiles and packers (decode_tile_set(*kern))
   const KvPages* pages = nullptr;  // null: K/V rows at p.k_row / p.v_row
   std::int64_t M = 0, R = 0, Hp = 0;  // M = G*T rows per task, in groups of R
   std::int64_t align = 1;  // blocks start at multiples of it (kPageAlign and the set's P.V step)
@@ -35,6 +36,8 @@ struct Plan {
 // A thread's scratch, sized for the largest of the plans a call runs (one, or one per sequence of a
 // KV-cache call); flash_decode.cpp.
 struct Workspace {
+  // q holds each row's operands as the plan's pack_q_row writes them (the tiles' operand_bytes when
+  // packed, else bf16), p the group's P tile likewise.
   AlignedBuffer q, o, m, l, corr, lo, hi, s, p, gather, gather_scales, pieces, k_bf16, v_bf16, k_panels, v_panels,
       k_pieces, v_pieces;
   std::int64_t ld = 0;  // of S and P, in elements

@@ -144,15 +144,17 @@ TEST_P(FlashDecode, OverlapGivesTheBitsOfOneCall) {
       }
 }
 
-// Packed blocks (decode_packed_rows; flash_decode.cpp), on every decode set of bf16 pairs with tiles
-// and packers, from 16 rows: against the reference with row counts past one row tile and one group of
-// 64 (G*T = 16, 21, 128), G = 1, H = 40 (the packers' generic path), 64, 128 and 256, blocks that divide
-// nothing, causal, a window and the softcap; the same bits on 1 and 3 threads, and with V packed
-// (pv_tile_rows null) as with V's rows read where they lie.
+// Packed blocks (decode_packed_rows; flash_decode.cpp), on every decode set with tiles and packers
+// (its own bf16 pairs', or decode_tiles': avx512bf16's fma decode set on avx512f's fp32 tiles), from 16
+// rows: against the reference with row counts past one row tile and one group of 64 (G*T = 16, 21,
+// 128), G = 1, H = 40 (the packers' generic path), 64, 128 and 256, blocks that divide nothing, causal,
+// a window and the softcap; the same bits on 1 and 3 threads, and with V packed (pv_tile_rows null) as
+// with V's rows read where they lie.
 TEST_P(FlashDecode, PackedBlocksMatchReferenceAndKeepBitsAcrossThreads) {
   const FlashKernels& k = decode_kernels_for(isa(), Precision::bf16);
-  if (k.decode_qk_rows == nullptr || k.operand_bytes != 2 || k.qk_tile == nullptr || k.pack_k == nullptr)
-    GTEST_SKIP() << k.name << ": no tiles and packers of bf16 pairs in this decode set";
+  const FlashKernels& tiles = decode_tile_set(k);
+  if (k.decode_qk_rows == nullptr || k.operand_bytes != 2 || tiles.qk_tile == nullptr || tiles.pack_k == nullptr)
+    GTEST_SKIP() << k.name << ": no tiles and packers in this decode set";
   int seed = 400;
   for (const Shape& shape : {Shape{1, 2, 1, 16, 777, 128}, Shape{2, 1, 3, 7, 1000, 64}, Shape{1, 1, 8, 16, 300, 256},
                              Shape{1, 3, 4, 4, 513, 40}})
@@ -175,10 +177,11 @@ TEST_P(FlashDecode, PackedBlocksMatchReferenceAndKeepBitsAcrossThreads) {
           const ErrorReport r = check_against_reference(p, reference_attention(p));
           EXPECT_TRUE(r.ok) << testing::to_string(shape) << " variant " << variant << ": " << r.describe();
           one = c.out_and_lse_values();
-          if (packed.pv_tile_rows != nullptr) {  // V's rows where they lie: the bits of V packed
-            FlashKernels v_packed = decode_kernels_for(isa(), Precision::bf16);
+          if (tiles.pv_tile_rows != nullptr) {  // V's rows where they lie: the bits of V packed
+            FlashKernels v_packed = decode_kernels_for(isa(), Precision::bf16), v_tiles = tiles;
             v_packed.decode_packed_rows = 16;
-            v_packed.pv_tile_rows = nullptr;
+            v_tiles.pv_tile_rows = nullptr;
+            v_packed.decode_tiles = &v_tiles;
             flash_attention_decode(p, v_packed);
             EXPECT_TRUE(bitwise_equal(one, c.out_and_lse_values()))
                 << testing::to_string(shape) << " variant " << variant << " without pv_tile_rows";

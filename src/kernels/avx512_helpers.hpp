@@ -67,6 +67,37 @@ inline __m512 load16_operand(const void* row, const PackSource& s, std::int64_t 
   return s.round_bf16 ? _mm512_castsi512_ps(round_bf16_hi(x)) : x;
 }
 
+// load16_operand with the dtype known when compiled (the packers' loops: one switch a call, not one
+// per 16 values). bf16 values are their own rounding, so a bf16 row only has its NaNs quieted, as
+// round_bf16_hi quiets them: the same bits as load16_operand.
+template <DType D>
+inline __m512 load16_operand_as(const void* row, std::int64_t H, bool round, std::int64_t h0) {
+  const __m512 x = load16_f32(row, D, h0, H);
+  if (!round) return x;
+  if constexpr (D == DType::bf16)
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(_mm512_castps_si512(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                                                    _mm512_castps_si512(x), _mm512_set1_epi32(0x00400000)));
+  else
+    return _mm512_castsi512_ps(round_bf16_hi(x));
+}
+
+template <DType D>
+struct DTypeTag {
+  static constexpr DType value = D;
+};
+
+// fn(DTypeTag<d>{}): a loop over rows of dtype d compiled once per dtype.
+template <class Fn>
+inline void with_operand_dtype(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::f32: return fn(DTypeTag<DType::f32>{});
+    case DType::f16: return fn(DTypeTag<DType::f16>{});
+    case DType::i8: return fn(DTypeTag<DType::i8>{});
+    case DType::bf16: break;
+  }
+  fn(DTypeTag<DType::bf16>{});
+}
+
 // lo (lanes 0..15) and hi (16..31) rounded to nearest even bf16 by round_bf16_hi, as 32 bf16 lanes
 // (without AVX512_BF16's vcvtne2ps2bf16, which gives the same bits above 2^-126).
 inline __m512i round2_bf16(__m512 lo, __m512 hi) {

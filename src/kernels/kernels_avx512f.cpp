@@ -95,36 +95,49 @@ void pack_q_row(void* dst, const PackSource& s) {
   for (std::int64_t h = 0; h < s.Hp; h += 16) _mm512_store_ps(d + h, load16_operand(s.src, s, h));
 }
 
-// K panels [Hp][32]: per 16 keys and 16 h, load the 16 rows and transpose.
+// K panels [Hp][32]: per 16 keys and 16 h, load the 16 rows and transpose (each dtype's loop compiled
+// on its own: the decode path's packed blocks pack every block's K for few rows).
 void pack_k(void* dst, const PackSource& s) {
-  auto* d = static_cast<float*>(dst);
-  const std::int64_t npad = padded_keys(s.n);
-  for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
-    float* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + j0 % kPanelKeys;
-    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < s.n ? _mm512_castps_si512(load16_operand(key_row(s, j0 + i), s, h0))
-                            : _mm512_setzero_si512();
-      transpose16x16_epi32(r);  // r[i]: h0 + i of the 16 keys
-      for (int i = 0; i < 16; ++i) _mm512_store_si512(panel + (h0 + i) * kPanelKeys, r[i]);
+  with_operand_dtype(s.dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* d = static_cast<float*>(dst);
+    const std::int64_t npad = padded_keys(s.n);
+    for (std::int64_t j0 = 0; j0 < npad; j0 += 16) {
+      float* panel = d + (j0 / kPanelKeys) * s.Hp * kPanelKeys + j0 % kPanelKeys;
+      const void* rows[16];
+      for (int i = 0; i < 16; ++i) rows[i] = j0 + i < s.n ? key_row(s, j0 + i) : nullptr;
+      for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 16) {
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i)
+          r[i] = rows[i] != nullptr ? _mm512_castps_si512(load16_operand_as<D>(rows[i], s.H, s.round_bf16, h0))
+                                    : _mm512_setzero_si512();
+        transpose16x16_epi32(r);  // r[i]: h0 + i of the 16 keys
+        for (int i = 0; i < 16; ++i) _mm512_store_si512(panel + (h0 + i) * kPanelKeys, r[i]);
+      }
     }
-  }
+  });
 }
 
 // V panels [npad][32] per h tile.
 void pack_v(void* dst, const PackSource& s) {
-  auto* d = static_cast<float*>(dst);
-  const std::int64_t npad = padded_keys(s.n);
-  for (std::int64_t j = 0; j < npad; ++j) {
-    const bool valid = j < s.n;
-    const void* row = valid ? key_row(s, j) : nullptr;
-    for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile) {
-      float* out = d + (h0 / kHTile) * npad * kHTile + j * kHTile;
-      _mm512_store_ps(out, valid ? load16_operand(row, s, h0) : _mm512_setzero_ps());
-      _mm512_store_ps(out + 16, valid ? load16_operand(row, s, h0 + 16) : _mm512_setzero_ps());
+  with_operand_dtype(s.dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    auto* d = static_cast<float*>(dst);
+    const std::int64_t npad = padded_keys(s.n);
+    for (std::int64_t j = 0; j < npad; ++j) {
+      float* out = d + j * kHTile;
+      if (j >= s.n) {
+        for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile, out += npad * kHTile)
+          _mm512_store_ps(out, _mm512_setzero_ps()), _mm512_store_ps(out + 16, _mm512_setzero_ps());
+        continue;
+      }
+      const void* row = key_row(s, j);
+      for (std::int64_t h0 = 0; h0 < s.Hp; h0 += kHTile, out += npad * kHTile) {
+        _mm512_store_ps(out, load16_operand_as<D>(row, s.H, s.round_bf16, h0));
+        _mm512_store_ps(out + 16, load16_operand_as<D>(row, s.H, s.round_bf16, h0 + 16));
+      }
     }
-  }
+  });
 }
 
 // The decode set's P: bf16 (nearest even by round_bf16_hi), pairs along keys are words.

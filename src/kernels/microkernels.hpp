@@ -394,11 +394,20 @@ struct FlashKernels {
   // converted words, through pv_tile_rows instead where the set has it), and the rows run on qk_tile,
   // softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27).
   int decode_packed_rows = 0;
+  // The set whose tiles and packers the packed blocks run on (mr, operand_bytes, qk_tile, pv_tile,
+  // pv_tile_rows, softmax_tile, pack_q_row, pack_k, pack_v; decode_tile_set); null: this set's own.
+  // avx512bf16 where vdpbf16ps is half rate (avx512bf16_fma_decode_kernels): avx512f_kernels(), the
+  // fp32 tiles on operands widened as they are packed, the packed path's there (docs/performance.md,
+  // session 42).
+  const FlashKernels* decode_tiles = nullptr;
   // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
   // integers form would run its vector P.V in four blocks of 4 rows, session 26), avx512bf16 32 (the
   // packed blocks; at 16 rows the integers form was 1.05x faster, session 27).
   int decode_int8_convert_rows = 16;
 };
+
+// The set whose tiles a decode set's packed blocks run on: k.decode_tiles, or k itself.
+inline const FlashKernels& decode_tile_set(const FlashKernels& k) { return k.decode_tiles != nullptr ? *k.decode_tiles : k; }
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
 // when it has decode kernels; under Precision::bf16 for avx512f, avx512f_decode_kernels(), for avx2,
