@@ -83,6 +83,7 @@ struct DotBf16 {
   // the accumulators hold O's columns in order.
   static constexpr bool kSplitO = false;
   static constexpr bool kPrefetchRows = false;
+  static constexpr bool kSplitWeights = false;  // the word is its own broadcast operand
   using Weights = __m512bh;
   static Weights weights(word_t pw) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(pw)); }
   struct Pairs {
@@ -133,6 +134,9 @@ struct FmaPairs {
   // AMX, T = 1: 8 sequences 1.2x faster dense, 1.1-1.2x at page 16, one of 32768 keys 1.3x;
   // docs/performance.md, session 41).
   static constexpr bool kPrefetchRows = true;
+  // P.V's fast path splits each group's P words into fp32 once (split_weights, PFloats): the passes
+  // then broadcast the weights from memory instead of splitting each word per row and pass.
+  static constexpr bool kSplitWeights = true;
   struct Weights {
     __m512 odd, even;
   };

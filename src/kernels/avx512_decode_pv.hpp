@@ -21,23 +21,67 @@ namespace flashgqa {
 namespace {
 namespace decode_avx512 {
 
+// Where a pass takes row r's weights of keys (j, j + 1) (j even): at(r, j); from_row(r): the same
+// source from row r on.
+// PWords: P's words as the call has them (key j's pair at p[r ldp_words + j / 2]), each made into
+// Mac::Weights as it is used.
+template <typename Mac>
+struct PWords {
+  const word_t* p;
+  std::int64_t ldp_words;
+  typename Mac::Weights at(int r, std::int64_t j) const { return Mac::weights(p[r * ldp_words + j / 2]); }
+  PWords from_row(int r) const { return {p + r * ldp_words, ldp_words}; }
+};
+
+// PFloats (FmaPairs, Mac::kSplitO): a group's weights split once into fp32 (split_weights), so that a
+// pass broadcasts each from memory (a load, no shuffle or shift per row, pair and pass: with 8 rows
+// those were ~40% of the pass's vector operations). Row r's pairs i = 16 b + l (key j_base + 2 i and
+// the next) at w[r ld + 32 b + l] (the odd key's weight) and w[r ld + 32 b + 16 + l] (the even key's).
+template <typename Mac>
+struct PFloats {
+  const float* w;
+  std::int64_t ld, j_base;
+  typename Mac::Weights at(int r, std::int64_t j) const {
+    const std::int64_t i = (j - j_base) / 2, at = r * ld + (i / 16) * 32 + i % 16;
+    return {_mm512_set1_ps(w[at]), _mm512_set1_ps(w[at + 16])};
+  }
+  PFloats from_row(int r) const { return {w + r * ld, ld, j_base}; }
+};
+
+// The weights of `pairs` key pairs of rows [0, R) from p (word i of row r at p[r ldp_words + i]) into
+// w as PFloats lays them out (ld = 2 pairs rounded up to 32 floats a row).
+template <int R>
+inline void split_weights(float* w, std::int64_t ld, const word_t* p, std::int64_t ldp_words, std::int64_t pairs) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    for (std::int64_t i = 0; i < pairs; i += 16) {
+      const __m512i x = _mm512_maskz_loadu_epi32(first_lanes16(pairs - i), p + r * ldp_words + i);
+      _mm512_store_ps(w + r * ld + 2 * i, odd_half(x));
+      _mm512_store_ps(w + r * ld + 2 * i + 16, even_half(x));
+    }
+}
+
 // O[r][0 .. 32 NC) (o at the pass's first column) += sum_{j0 <= j < j1} P[r][j] V[j][...], keys in
-// pairs (j0, j1 even); load(j, c) gives the 32 bf16 operands of chunk c of key j's row (zero for a key
-// that is not there).
-template <typename Mac, int R, int NC, typename Load>
-inline __attribute__((always_inline)) void pv_pass(float* o, std::int64_t ldo, const word_t* p,
-                                                  std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
-                                                  const Load& load) {
+// pairs (j0, j1 even), the weights from ws (PWords or PFloats); load(j, c) gives the 32 bf16 operands
+// of chunk c of key j's row (zero for a key that is not there).
+template <typename Mac, int R, int NC, typename Weights, typename Load>
+inline __attribute__((always_inline)) void pv_pass(float* o, std::int64_t ldo, const Weights& ws, std::int64_t j0,
+                                                  std::int64_t j1, const Load& load) {
   __m512 acc[R][2 * NC];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < 2 * NC; ++c) acc[r][c] = _mm512_load_ps(o + r * ldo + 16 * c);
-  const word_t* pw = p + j0 / 2;  // the P words of keys (j, j + 1), row r at pw[r ldp_words]
-  for (std::int64_t j = j0; j < j1; j += 2, ++pw) {
+  for (std::int64_t j = j0; j < j1; j += 2) {
+    if constexpr (NC == 1) {  // each weight used once: taken where it is used (PFloats: broadcast from memory)
+      const typename Mac::Pairs w = Mac::pairs(load(j, 0), load(j + 1, 0));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) Mac::mac_pv(acc[r][0], acc[r][1], ws.at(r, j), w);
+      continue;
+    }
     typename Mac::Weights x[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) x[r] = Mac::weights(pw[r * ldp_words]);
+    for (int r = 0; r < R; ++r) x[r] = ws.at(r, j);
 #pragma GCC unroll 8
     for (int c = 0; c < NC; ++c) {  // the two rows' chunk c, as Mac::pairs arranges them, into every row
       const typename Mac::Pairs w = Mac::pairs(load(j, c), load(j + 1, c));
@@ -83,8 +127,7 @@ void permute_o(const DecodePv& t) {
 template <typename Mac, int R, bool kPlain>
 void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv * elem_bytes(t.v_dtype)};
-  const auto* p = static_cast<const word_t*>(t.p);
-  const std::int64_t ldp_words = t.ldp / 2;
+  const PWords<Mac> p{static_cast<const word_t*>(t.p), t.ldp / 2};
   // Up to 4 rows: 64 columns per pass (16 accumulators), so each broadcast P word feeds 4 multiply-adds.
   constexpr int kWide = R <= 4 ? 2 : 1;
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
@@ -95,25 +138,25 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
       return j < t.n ? load_row32<Mac, kPlain>(rows.row(j), t.v_dtype, h0 + 32 * c, t.H, vs)
                      : _mm512_setzero_si512();
     };
-    for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<Mac, R, kWide>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
-    for (; h0 < t.Hp; h0 += 32) pv_pass<Mac, R, 1>(t.o + h0, t.ldo, p, ldp_words, j0, j1, load);
+    for (; h0 + 32 * kWide <= t.Hp; h0 += 32 * kWide) pv_pass<Mac, R, kWide>(t.o + h0, t.ldo, p, j0, j1, load);
+    for (; h0 < t.Hp; h0 += 32) pv_pass<Mac, R, 1>(t.o + h0, t.ldo, p, j0, j1, load);
   }
 }
 
 // Rows [0, R) in passes of RP rows over all HC chunks (2 HC RP <= 16 accumulators): each pass reads
 // the group's V rows whole, in address order (the second from L1). kAhead: the first pass prefetches
 // each line it loads `ahead` bytes on (Mac::kPrefetchRows: Bf16RowsAhead).
-template <typename Mac, int R, int RP, int HC, bool kAhead, typename Rows>
-inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const word_t* p,
-                                                        std::int64_t ldp_words, std::int64_t j0, std::int64_t j1,
-                                                        const Rows& v0, std::int64_t ahead) {
+template <typename Mac, int R, int RP, int HC, bool kAhead, typename Weights, typename Rows>
+inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t ldo, const Weights& ws,
+                                                        std::int64_t j0, std::int64_t j1, const Rows& v0,
+                                                        std::int64_t ahead) {
   constexpr int kRows = R < RP ? R : RP;
-  pv_pass<Mac, kRows, HC>(o, ldo, p, ldp_words, j0, j1, [&](std::int64_t j, int c) {
+  pv_pass<Mac, kRows, HC>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) {
     if constexpr (kAhead) return Bf16RowsAhead{v0.base, v0.ld_bytes, ahead}.chunk(j, c);
     else return v0.chunk(j, c);
   });
   if constexpr (R > RP)
-    pv_row_passes<Mac, R - RP, RP, HC, false>(o + RP * ldo, ldo, p + RP * ldp_words, ldp_words, j0, j1, v0, 0);
+    pv_row_passes<Mac, R - RP, RP, HC, false>(o + RP * ldo, ldo, ws.from_row(RP), j0, j1, v0, 0);
 }
 
 // The fast path for bf16 rows with H = Hp = 32 HC: groups of kPvFastGroupBytes of V whose keys are all
@@ -139,18 +182,18 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   float* const o = t.o;
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
-  // Keys [j0, j1) of rows (P's words from pw: keys j0 and j0 + 1 at pw[j0 / 2]).
+  // Keys [j0, j1) of rows, their weights from ws (PWords or PFloats, keys counted as j0.. counts them).
   // kAhead: bf16 rows whose first pass prefetches each line it loads `ahead` bytes on (Mac::
   // kPrefetchRows, Bf16RowsAhead); a column pass, which loads kWide of each row's HC lines, also the
   // row's others.
-  const auto group = [&]<bool kAhead>(const word_t* pw, const Rows& rows, std::int64_t j0, std::int64_t j1,
+  const auto group = [&]<bool kAhead>(const auto& ws, const Rows& rows, std::int64_t j0, std::int64_t j1,
                                       std::int64_t ahead) {
     if constexpr (kWholeRows) {
-      pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, pw, ldp_words, j0, j1, rows, ahead);
+      pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, ws, j0, j1, rows, ahead);
     } else {
       std::int64_t c0 = 0;
       if constexpr (kAhead) {
-        pv_pass<Mac, R, kWide>(o, ldo, pw, ldp_words, j0, j1, [&](std::int64_t j, int c) {
+        pv_pass<Mac, R, kWide>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) {
           const char* line = rows.base + j * rows.ld_bytes + 64 * c + ahead;
 #pragma GCC unroll 8
           for (int l = 0; l < HC; l += kWide) prefetch_l2(line + 64 * l);
@@ -160,26 +203,36 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
       }
 #pragma GCC unroll 8
       for (; c0 < HC; c0 += kWide)
-        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, pw, ldp_words, j0, j1,
-                               [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
+        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1, [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
     }
   };
+  // Mac::kSplitWeights (FmaPairs): each group's weights split into fp32 once, for all its passes.
+  constexpr std::int64_t kWeightsLd = (kGroup / 2 + 15) / 16 * 32;
+  alignas(64) float wf[Mac::kSplitWeights ? R * kWeightsLd : 1];
   const std::int64_t row_bytes = t.H * elem_bytes(t.v_dtype);
   for (std::int64_t j0 = 0; j0 < full; j0 += kGroup) {
+    if constexpr (Mac::kSplitWeights) split_weights<R>(wf, kWeightsLd, p + j0 / 2, ldp_words, kGroup / 2);
+    // The weights of keys from j (counted from 0 at j).
+    const auto weights_from = [&](std::int64_t j) {
+      if constexpr (Mac::kSplitWeights) return PFloats<Mac>{wf, kWeightsLd, j0 - j};
+      else return PWords<Mac>{p + j / 2, ldp_words};
+    };
     if (t.v_pieces != nullptr) {  // each piece's 16 keys as rows of their own (the same sums in order)
       for (std::int64_t j = j0; j < j0 + kGroup; j += kDecodePieceKeys) {
         if constexpr (Mac::kPrefetchRows && !kInt8) {
           const Bf16RowsAhead piece = piece_rows_ahead(t.v_pieces, v0.ld_bytes, row_bytes, j, t.n);
-          group.template operator()<true>(p + j / 2, Rows{piece.base, piece.ld_bytes}, 0, kDecodePieceKeys, piece.ahead);
+          group.template operator()<true>(weights_from(j), Rows{piece.base, piece.ld_bytes}, 0, kDecodePieceKeys,
+                                          piece.ahead);
         } else {
           group.template operator()<false>(
-              p + j / 2, v0.at(j, step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, row_bytes, j, t.n)), 0,
+              weights_from(j), v0.at(j, step_rows_ahead(nullptr, t.v_pieces, v0.ld_bytes, row_bytes, j, t.n)), 0,
               kDecodePieceKeys, 0);
         }
       }
       continue;
     }
-    group.template operator()<Mac::kPrefetchRows && !kInt8>(p, v0, j0, j0 + kGroup, kDecodeAheadBytes);
+    const auto ws = weights_from(j0);  // (keys counted from j0: the rows' too)
+    group.template operator()<Mac::kPrefetchRows && !kInt8>(ws, v0.at(j0), 0, kGroup, kDecodeAheadBytes);
   }
   if constexpr (std::is_same_v<Rows, Bf16Rows>) pv_rows<Mac, R, true>(t, full);
   else pv_rows<Mac, R, false>(t, full);

@@ -42,7 +42,7 @@ inline __m512 add_sums(__m512 a, __m512 b) {
 
 // out lane j = sum of the 16 lanes of v[j] (v is clobbered), fp32 or int32 (kInt).
 template <bool kInt>
-inline __m512 transpose_add16(__m512 v[16]) {
+inline __attribute__((always_inline)) __m512 transpose_add16(__m512 v[16]) {
   __m512 t[8];
   for (int i = 0; i < 8; ++i)  // per 128-bit lane: (a0+a2, b0+b2, a1+a3, b1+b3)
     t[i] = add_sums<kInt>(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
