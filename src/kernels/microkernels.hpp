@@ -377,7 +377,8 @@ struct FlashKernels {
   // The decode path's overlap (flash_decode.cpp: a dense block's first row group in pieces, each
   // prefetching the rows the next phase reads) from this many rows in a group; 0: never. It paid on
   // Zen 4 (avx512 sets; T = 2 1.33x) and cost on Zen 3 (avx2; T = 2 1.2x slower) and on Sapphire
-  // Rapids' amx tiles (T = 2 1.39x slower): docs/performance.md, sessions 10, 15 and 20.
+  // Rapids' amx tiles (T = 2 1.39x slower), and on Emerald Rapids' FMA sets, whose kernels prefetch
+  // their rows line by line (T = 2 1.15x slower): docs/performance.md, sessions 10, 15, 20 and 42.
   int decode_overlap_rows = 8;
   // The decode kernels take bf16 and int8 rows in pieces of kDecodePieceKeys keys, each at its own address
   // (DecodeQk::k_pieces, DecodePv::v_pieces): small pages are then read where they lie, in one call
@@ -392,7 +393,8 @@ struct FlashKernels {
   // Each block's K and V rows (float dtypes from where they lie, PackSource::pieces; int8 rows from
   // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (V's bf16 rows, and the
   // converted words, through pv_tile_rows instead where the set has it), and the rows run on qk_tile,
-  // softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27).
+  // softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27); its fma decode set and
+  // avx512f's decode set, on avx512f's tiles (decode_tiles): 32 (session 42).
   int decode_packed_rows = 0;
   // The set whose tiles and packers the packed blocks run on (mr, operand_bytes, qk_tile, pv_tile,
   // pv_tile_rows, softmax_tile, pack_q_row, pack_k, pack_v; decode_tile_set); null: this set's own.
