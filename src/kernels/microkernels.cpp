@@ -43,13 +43,14 @@ const FlashKernels& avx512bf16_fma_decode_kernels() {
     f.decode_qk_rows = avx512bf16_fma_decode_qk_rows;
     f.decode_pv_rows = avx512bf16_fma_decode_pv_rows;
     // Its tiles' vdpbf16ps run at half rate there: packed blocks on the avx512f tiles instead (fp32
-    // operands widened as packed) from 32 rows (T = 8 at G = 4; at 16 rows the row groups were 1.1x
-    // faster), and int8 stays on the integers form (its 8-row groups: dense T = 8 1.3x, T = 16 1.2x
-    // faster than the rows converted to their products and packed). No overlap: with Q.K and P.V prefetching their
-    // rows line by line (FmaPairs::kPrefetchRows) its pieces only cost (T = 2 1.15x, T = 4 1.05x
-    // faster without; docs/performance.md, session 42).
+    // operands widened as packed) from 64 rows (T = 16 at G = 4: 1.35x faster than the row groups;
+    // at 32 rows the row groups were 1.04-1.15x faster dense and even paged). int8 stays on the
+    // integers form (its 8-row groups: dense T = 8 1.3x, T = 16 1.2x faster than the rows converted
+    // to their products and packed). No overlap: with Q.K and P.V prefetching their rows line by line
+    // (FmaPairs::kPrefetchRows) its pieces only cost (T = 2 1.15x, T = 4 1.05x faster without).
+    // docs/performance.md, session 42.
     f.decode_tiles = &avx512f_kernels();
-    f.decode_packed_rows = 32;
+    f.decode_packed_rows = 64;
     f.decode_overlap_rows = 0;
     f.decode_int8_rows_to_bf16 = nullptr;
     return f;

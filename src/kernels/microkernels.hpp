@@ -394,7 +394,7 @@ struct FlashKernels {
   // their products, decode_int8_rows_to_bf16) go through pack_k and pack_v (V's bf16 rows, and the
   // converted words, through pv_tile_rows instead where the set has it), and the rows run on qk_tile,
   // softmax_tile and pv_tile. avx512bf16: 16 (docs/performance.md, session 27); its fma decode set and
-  // avx512f's decode set, on avx512f's tiles (decode_tiles): 32 (session 42).
+  // avx512f's decode set, on avx512f's tiles (decode_tiles): 64 (session 42).
   int decode_packed_rows = 0;
   // The set whose tiles and packers the packed blocks run on (mr, operand_bytes, qk_tile, pv_tile,
   // pv_tile_rows, softmax_tile, pack_q_row, pack_k, pack_v; decode_tile_set); null: this set's own.
