@@ -364,7 +364,8 @@ struct FlashKernels {
   // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
   // path converts an int8 block once with it when the call has decode_int8_convert_rows rows or more
   // (G T), so such calls take the products form (kvcache_int8_form) on the bf16 kernels (amx) or tiles
-  // (avx512bf16's packed blocks); a set without it (the others) runs its own int8 kernels in every group.
+  // (the packed blocks of avx512bf16 and of avx512f's decode set); a set without it (the others) runs its own int8
+  // kernels in every group.
   void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                    const float* scale, std::int64_t ld_scale, std::int64_t n,
                                    std::int64_t H) = nullptr;
@@ -398,13 +399,14 @@ struct FlashKernels {
   int decode_packed_rows = 0;
   // The set whose tiles and packers the packed blocks run on (mr, operand_bytes, qk_tile, pv_tile,
   // pv_tile_rows, softmax_tile, pack_q_row, pack_k, pack_v; decode_tile_set); null: this set's own.
-  // avx512bf16 where vdpbf16ps is half rate (avx512bf16_fma_decode_kernels): avx512f_kernels(), the
-  // fp32 tiles on operands widened as they are packed, the packed path's there (docs/performance.md,
-  // session 42).
+  // avx512bf16 where vdpbf16ps is half rate (avx512bf16_fma_decode_kernels) and avx512f's decode set:
+  // avx512f_kernels(), the fp32 tiles on operands widened as they are packed, the packed path's there
+  // (docs/performance.md, session 42).
   const FlashKernels* decode_tiles = nullptr;
   // From how many rows a call (G T) decode_int8_rows_to_bf16 converts int8 rows: amx 16 (where the
   // integers form would run its vector P.V in four blocks of 4 rows, session 26), avx512bf16 32 (the
-  // packed blocks; at 16 rows the integers form was 1.05x faster, session 27).
+  // packed blocks; at 16 rows the integers form was 1.05x faster, session 27), avx512f's decode set 64
+  // (its packed blocks, session 42).
   int decode_int8_convert_rows = 16;
 };
 
@@ -424,7 +426,7 @@ const FlashKernels& decode_kernels_for(Isa isa, Precision precision);
 // use), avx512bf16 runs the packed path and the backward on the avx512f set too: its tiles, on
 // operands widened once when packed, ran flash 1.43x (causal 1.49x) faster than vdpbf16ps's on such
 // a Xeon (docs/performance.md, sessions 8 and 9); its decode stays on bf16 pairs
-// (decode_kernels_for). The avx512bf16 set itself is still tested there (microkernels_test.cpp). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
+// (decode_kernels_for) but for packed blocks, which run on the avx512f tiles (decode_tiles). The avx512bf16 set itself is still tested there (microkernels_test.cpp). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
 // Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
