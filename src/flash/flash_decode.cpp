@@ -316,7 +316,8 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
       if (plan.packed) {
         block_pieces(p, plan, tasks[i], s0, hi[M - 1], w);
         for (std::int64_t r0 = 0; r0 < M; r0 += plan.R)
-          run_group_packed(p, plan, tasks[i], i, w, s0, r0, std::min(plan.R, M - r0), hi[M - 1]);
+          run_group_packed(p, plan, i, w, r0, std::min(plan.R, M - r0), hi[M - 1], tasks[i + 1 < count ? i + 1 : 0],
+                           i + 1 < count ? s0 : s0 + bkv);
         continue;
       }
       // The row groups one after another on the same block, which stays in L2 after the first.

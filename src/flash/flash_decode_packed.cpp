@@ -15,10 +15,12 @@
 //     (the same bits; session 29: T = 4 1.05x faster in L2, 1.1-1.15x from DRAM, T = 8 and 16 even);
 //     else (f16 rows, which it would convert once per row tile) the block's V packed once (pack_v),
 //     then pv_tile.
-// The group runs the whole block with no K/V stream under it, so its first group prefetches the next
-// block's K and V rows into L2, an even share before each qk_tile and each pv_tile call (without: T = 4
-// 1.3x, T = 8 1.2x slower; a share per K panel instead of per qk_tile call, session 27, was up to 1.03x
-// slower, session 28). The tiles' sums do not depend on where a block's rows lie or on the thread
+// The group runs the whole block with no K/V stream under it, so its first group prefetches the K and
+// V rows the thread reads next into L2, an even share before each qk_tile and each pv_tile call
+// (without: T = 4 1.3x, T = 8 1.2x slower; a share per K panel instead of per qk_tile call, session 27,
+// was up to 1.03x slower, session 28): the task's next block, or in a task group (paged caches, heads
+// of one sequence block by block: flash_decode.cpp) the next head's rows of the same block (before
+// session 42 always the task's next block, which in a group left the other heads' rows unfetched). The tiles' sums do not depend on where a block's rows lie or on the thread
 // count, so dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
 // decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster).
 //
@@ -48,16 +50,16 @@ void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std
   }
 }
 
-// Rows [r0, r0 + R) of a task against the block's keys [s0, s0 + n) (n: the keys its last row sees,
-// block_pieces' rows), in row tiles of the set's mr:
+// Rows [r0, r0 + R) of a task (head `head` of its group) against the block's first n keys (the keys
+// its last row sees, block_pieces' rows), in row tiles of the set's mr:
 //   S = scale Q K^T a panel of 32 keys at a time, each packed (pack_k, 8 KiB at H = 128: it stays in
 //   L1) and then taken by every row tile;
 //   the softcap; the online softmax (softmax_tile);
 //   O = O corr + P V, every row tile and h tile on V's bf16 rows (pv_tile_rows), or on the block's V
 //   packed once (pack_v, then pv_tile).
-// The first group also fetches the next block's rows into L2 (see the top of the file).
-void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
-                      std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n) {
+// The first group also fetches next_task's rows from key next_s into L2 (see the top of the file).
+void run_group_packed(const Problem& p, const Plan& plan, std::int64_t head, Workspace& w, std::int64_t r0,
+                      std::int64_t R, std::int64_t n, const FlashTask& next_task, std::int64_t next_s) {
   const FlashKernels& kern = *plan.tiles;
   const std::int64_t Hp = plan.Hp, npad = padded_keys(n), nk = round_up(n, 2), ld = w.ld, ob = kern.operand_bytes;
   const std::int32_t* lo = w.lo.as<std::int32_t>() + r0;
@@ -81,9 +83,10 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
     src.pieces = (is_k ? w.k_pieces : w.v_pieces).as<const void*>() + j / kDecodePieceKeys;
     return src;
   };
-  // The next block's rows, K's then V's, an even share before each tile call.
-  const std::int64_t next = s0 + plan.work.bkv;
-  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(task.keys.end - next, 0, plan.work.bkv) : 0;
+  // The rows the thread reads next (next_task's block from next_s: the next head of a task group on
+  // this block, or the task's next block), K's then V's, an even share before each tile call.
+  const std::int64_t next = next_s;
+  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(next_task.keys.end - next, 0, plan.work.bkv) : 0;
   const std::int64_t steps = npad / kPanelKeys * row_tiles + row_tiles * h_tiles;
   std::int64_t step = 0;
   // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
@@ -97,9 +100,9 @@ void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task,
     for (std::int64_t i = a; i < b; ++i) {
       const bool is_k = i < next_n;
       const std::int64_t key = next + (is_k ? i : i - next_n);
-      prefetch_row(key_row(p, plan.pages, is_k, task.b, task.kh, key), is_k ? k_row_bytes : v_row_bytes);
+      prefetch_row(key_row(p, plan.pages, is_k, next_task.b, next_task.kh, key), is_k ? k_row_bytes : v_row_bytes);
       if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
-        prefetch_l2(key_scales(p, plan.pages, is_k, task.b, task.kh, key).scale);
+        prefetch_l2(key_scales(p, plan.pages, is_k, next_task.b, next_task.kh, key).scale);
     }
   };
   for (std::int64_t c = 0; c < npad; c += kPanelKeys) {

@@ -91,10 +91,11 @@ inline void prefetch_row(const char* row, std::int64_t row_bytes) {
 
 // Packed blocks (flash_decode_packed.cpp). block_pieces: where each 16 keys of the block [s0, s0 + n)
 // of `task` lie, K's and V's, into w.k_pieces and w.v_pieces. run_group_packed: rows [r0, r0 + R) of
-// the task (head `head` of its group) against those keys.
+// the task (head `head` of its group) against those keys (the first n of them), the first group also
+// fetching next_task's rows from key next_s (what the thread reads next) into L2.
 void block_pieces(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t s0, std::int64_t n,
                   Workspace& w);
-void run_group_packed(const Problem& p, const Plan& plan, const FlashTask& task, std::int64_t head, Workspace& w,
-                      std::int64_t s0, std::int64_t r0, std::int64_t R, std::int64_t n);
+void run_group_packed(const Problem& p, const Plan& plan, std::int64_t head, Workspace& w, std::int64_t r0,
+                      std::int64_t R, std::int64_t n, const FlashTask& next_task, std::int64_t next_s);
 
 }  // namespace flashgqa::decode_task

@@ -33,7 +33,7 @@ struct PWords {
   PWords from_row(int r) const { return {p + r * ldp_words, ldp_words}; }
 };
 
-// PFloats (FmaPairs, Mac::kSplitO): a group's weights split once into fp32 (split_weights), so that a
+// PFloats (FmaPairs, Mac::kSplitWeights): a group's weights split once into fp32 (split_weights), so that a
 // pass broadcasts each from memory (a load, no shuffle or shift per row, pair and pass: with 8 rows
 // those were ~40% of the pass's vector operations). Row r's pairs i = 16 b + l (key j_base + 2 i and
 // the next) at w[r ld + 32 b + l] (the odd key's weight) and w[r ld + 32 b + 16 + l] (the even key's).
@@ -182,7 +182,7 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   float* const o = t.o;
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
-  // Keys [j0, j1) of rows, their weights from ws (PWords or PFloats, keys counted as j0.. counts them).
+  // Keys [j0, j1) of rows, their weights from ws (PWords or PFloats, which count keys as rows does).
   // kAhead: bf16 rows whose first pass prefetches each line it loads `ahead` bytes on (Mac::
   // kPrefetchRows, Bf16RowsAhead); a column pass, which loads kWide of each row's HC lines, also the
   // row's others.

@@ -192,8 +192,8 @@ void avx512_decode_int8_rows_to_bf16(std::uint16_t* dst, std::int64_t ldd, const
 // The decode set (AVX-512 without AVX512_BF16: Intel cores): as avx512bf16's fma decode set
 // (microkernels.cpp), packed blocks on this set's fp32 tiles from 64 rows (int8 rows as their bf16
 // products there, as a float32 cache of the products would be: the products form) and no overlap (on an
-// Emerald Rapids with FLASHGQA_ISA=avx512f, S = 32768: T = 16 57-58 -> 42-44 ms, T = 8 31 -> 27,
-// T = 2 10.5-11.1 -> 8.8-10.5; docs/performance.md, session 42).
+// Emerald Rapids with FLASHGQA_ISA=avx512f, one sequence of 32768 keys: T = 16 57-58 -> 42-44 ms;
+// docs/performance.md, session 42).
 const FlashKernels& avx512f_decode_kernels() {
   static const FlashKernels k{.name = "avx512f (decode)",
                               .operand_bytes = 2,
