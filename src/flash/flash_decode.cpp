@@ -291,7 +291,8 @@ void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::
   for (std::int64_t i = 0; i < count; ++i) {
     char* q = w.q.as<char>() + i * w.M * q_bytes;
     for (std::int64_t r = 0; r < M; ++r)
-      q_set.pack_q_row(q + r * q_bytes, {p.q_row(task.b, tasks[i].kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
+      q_set.pack_q_row(q + r * q_bytes,
+                       {p.q_row(task.b, tasks[i].kh, rows.g(r), rows.t(r)), p.q_dtype, 0, 0, p.H, Hp, true});
     std::fill_n(w.o.as<float>() + i * w.M * Hp, M * Hp, 0.0f);
     std::fill_n(w.m.as<float>() + i * w.M, M, kNegInf);
     std::fill_n(w.l.as<float>() + i * w.M, M, 0.0f);

@@ -20,9 +20,10 @@
 // (without: T = 4 1.3x, T = 8 1.2x slower; a share per K panel instead of per qk_tile call, session 27,
 // was up to 1.03x slower, session 28): the task's next block, or in a task group (paged caches, heads
 // of one sequence block by block: flash_decode.cpp) the next head's rows of the same block (before
-// session 42 always the task's next block, which in a group left the other heads' rows unfetched). The tiles' sums do not depend on where a block's rows lie or on the thread
-// count, so dense, paged and any threads give the same bits. int8 takes them from 32 rows (the set's
-// decode_int8_convert_rows; at 16 rows the integers form's 8-row groups were 1.05x faster).
+// session 42 always the task's next block, which in a group left the other heads' rows unfetched).
+// The tiles' sums do not depend on where a block's rows lie or on the thread count, so dense, paged
+// and any threads give the same bits. int8 takes them from 32 rows (the set's decode_int8_convert_rows;
+// at 16 rows the integers form's 8-row groups were 1.05x faster).
 //
 // Measured on Zen 4 against the 8-row groups (docs/performance.md, session 27; S = 32768, K 8, G 4, 2
 // threads, the same runs): bf16 T = 4 1.04x dense, 1.3-1.4x paged; T = 8 1.2x dense, 1.3-1.45x paged;
@@ -85,11 +86,10 @@ void run_group_packed(const Problem& p, const Plan& plan, std::int64_t head, Wor
   };
   // The rows the thread reads next (next_task's block from next_s: the next head of a task group on
   // this block, or the task's next block), K's then V's, an even share before each tile call.
-  const std::int64_t next = next_s;
-  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(next_task.keys.end - next, 0, plan.work.bkv) : 0;
+  const std::int64_t next_n = r0 == 0 ? std::clamp<std::int64_t>(next_task.keys.end - next_s, 0, plan.work.bkv) : 0;
   const std::int64_t steps = npad / kPanelKeys * row_tiles + row_tiles * h_tiles;
   std::int64_t step = 0;
-  // Rows [a, b) of the next block's K rows then V rows, each 16 keys' int8 scales with their first row
+  // Rows [a, b) of those K rows then V rows, each 16 keys' int8 scales with their first row
   // (a line of their own elsewhere). (Line by line, each 16 keys' rows as one run, was slower: T = 4
   // 1.15x, T = 8 1.15x.)
   const std::int64_t k_row_bytes = p.H * static_cast<std::int64_t>(dtype_size(p.k_dtype)),
@@ -99,9 +99,9 @@ void run_group_packed(const Problem& p, const Plan& plan, std::int64_t head, Wor
     ++step;
     for (std::int64_t i = a; i < b; ++i) {
       const bool is_k = i < next_n;
-      const std::int64_t key = next + (is_k ? i : i - next_n);
+      const std::int64_t key = next_s + (is_k ? i : i - next_n);
       prefetch_row(key_row(p, plan.pages, is_k, next_task.b, next_task.kh, key), is_k ? k_row_bytes : v_row_bytes);
-      if ((key - next) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
+      if ((key - next_s) % kDecodePieceKeys == 0 && (is_k ? p.k_scale : p.v_scale) != nullptr)
         prefetch_l2(key_scales(p, plan.pages, is_k, next_task.b, next_task.kh, key).scale);
     }
   };

@@ -203,7 +203,8 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
       }
 #pragma GCC unroll 8
       for (; c0 < HC; c0 += kWide)
-        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1, [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
+        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1,
+                               [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
     }
   };
   // Mac::kSplitWeights (FmaPairs): each group's weights split into fp32 once, for all its passes.

@@ -61,15 +61,9 @@ inline __m512i round_bf16_hi(__m512 x) {
   return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
 }
 
-// The operand value as fp32 (rounded to bf16 when asked).
-inline __m512 load16_operand(const void* row, const PackSource& s, std::int64_t h0) {
-  const __m512 x = load16_f32(row, s.dtype, h0, s.H);
-  return s.round_bf16 ? _mm512_castsi512_ps(round_bf16_hi(x)) : x;
-}
-
-// load16_operand with the dtype known when compiled (the packers' loops: one switch a call, not one
-// per 16 values). bf16 values are their own rounding, so a bf16 row only has its NaNs quieted, as
-// round_bf16_hi quiets them: the same bits as load16_operand.
+// The operand value of 16 values of a row of dtype D as fp32 (rounded to bf16 when asked), the dtype
+// known when compiled (the packers' loops: one switch a call, not one per 16 values). bf16 values are
+// their own rounding, so a bf16 row only has its NaNs quieted, as round_bf16_hi quiets them.
 template <DType D>
 inline __m512 load16_operand_as(const void* row, std::int64_t H, bool round, std::int64_t h0) {
   const __m512 x = load16_f32(row, D, h0, H);

@@ -91,8 +91,11 @@ bool softmax_tile(const SoftmaxTile& t) {
 }
 
 void pack_q_row(void* dst, const PackSource& s) {
-  auto* d = static_cast<float*>(dst);
-  for (std::int64_t h = 0; h < s.Hp; h += 16) _mm512_store_ps(d + h, load16_operand(s.src, s, h));
+  with_operand_dtype(s.dtype, [&](auto tag) {
+    auto* d = static_cast<float*>(dst);
+    for (std::int64_t h = 0; h < s.Hp; h += 16)
+      _mm512_store_ps(d + h, load16_operand_as<decltype(tag)::value>(s.src, s.H, s.round_bf16, h));
+  });
 }
 
 // K panels [Hp][32]: per 16 keys and 16 h, load the 16 rows and transpose (each dtype's loop compiled

@@ -364,8 +364,8 @@ struct FlashKernels {
   // x_j[h] * s_j in fp32 rounded to bf16 (nearest even; subnormals kept), zero in [H, ldd). The decode
   // path converts an int8 block once with it when the call has decode_int8_convert_rows rows or more
   // (G T), so such calls take the products form (kvcache_int8_form) on the bf16 kernels (amx) or tiles
-  // (the packed blocks of avx512bf16 and of avx512f's decode set); a set without it (the others) runs its own int8
-  // kernels in every group.
+  // (the packed blocks of avx512bf16 and of avx512f's decode set); a set without it (the others) runs
+  // its own int8 kernels in every group.
   void (*decode_int8_rows_to_bf16)(std::uint16_t* dst, std::int64_t ldd, const std::int8_t* src, std::int64_t ld,
                                    const float* scale, std::int64_t ld_scale, std::int64_t n,
                                    std::int64_t H) = nullptr;
@@ -411,7 +411,9 @@ struct FlashKernels {
 };
 
 // The set whose tiles a decode set's packed blocks run on: k.decode_tiles, or k itself.
-inline const FlashKernels& decode_tile_set(const FlashKernels& k) { return k.decode_tiles != nullptr ? *k.decode_tiles : k; }
+inline const FlashKernels& decode_tile_set(const FlashKernels& k) {
+  return k.decode_tiles != nullptr ? *k.decode_tiles : k;
+}
 
 // The set the decode path (src/flash/flash_decode.cpp) runs for a path and precision: kernels_for's
 // when it has decode kernels; under Precision::bf16 for avx512f, avx512f_decode_kernels(), for avx2,
@@ -426,7 +428,9 @@ const FlashKernels& decode_kernels_for(Isa isa, Precision precision);
 // use), avx512bf16 runs the packed path and the backward on the avx512f set too: its tiles, on
 // operands widened once when packed, ran flash 1.43x (causal 1.49x) faster than vdpbf16ps's on such
 // a Xeon (docs/performance.md, sessions 8 and 9); its decode stays on bf16 pairs
-// (decode_kernels_for) but for packed blocks, which run on the avx512f tiles (decode_tiles). The avx512bf16 set itself is still tested there (microkernels_test.cpp). The path must be compiled in and supported (see cpu_features.hpp); throws Error otherwise.
+// (decode_kernels_for) but for packed blocks, which run on the avx512f tiles (decode_tiles). The
+// avx512bf16 set itself is still tested there (microkernels_test.cpp). The path must be compiled in and
+// supported (see cpu_features.hpp); throws Error otherwise.
 const FlashKernels& kernels_for(Isa isa, Precision precision);
 
 // Per-ISA sets, defined in their translation units (the avx ones only on x86-64, neon only on aarch64).
