@@ -128,11 +128,12 @@ TEST_P(KvCacheTest, SameBitsDensePagedAndAnyThreads) {
 // against the dense cache's bits, where every task is one head: 8 kv heads, 24 tasks at T = 1 (the
 // first sequence's keys in two splits), in groups of 6 on 1 thread and of 2 on 3 threads.
 TEST_P(KvCacheTest, HeadGroupsGiveTheBitsOfOneHeadATask) {
-  EXPECT_EQ(8, decode_group_heads(8, 4, 128, 64, 1));
-  EXPECT_EQ(6, decode_group_heads(8, 4, 128, 24, 1));
-  EXPECT_EQ(2, decode_group_heads(8, 4, 128, 24, 3));
-  EXPECT_EQ(1, decode_group_heads(8, 4, 128, 24, 16));
-  EXPECT_EQ(5, decode_group_heads(32, 64, 256, 100000, 1));  // the state of 5 heads fits 512 KiB
+  EXPECT_EQ(8, decode_group_heads(8, 4, 128, 2, 64, 1));
+  EXPECT_EQ(6, decode_group_heads(8, 4, 128, 2, 24, 1));
+  EXPECT_EQ(2, decode_group_heads(8, 4, 128, 2, 24, 3));
+  EXPECT_EQ(1, decode_group_heads(8, 4, 128, 2, 24, 16));
+  EXPECT_EQ(5, decode_group_heads(32, 64, 256, 2, 100000, 1));  // the state of 5 heads fits 512 KiB
+  EXPECT_EQ(3, decode_group_heads(32, 64, 256, 4, 100000, 1));  // with fp32 Q rows (packed blocks) 3
   for (const auto& [dtype, T] : {std::pair{DType::bf16, std::int64_t{1}}, {DType::i8, 1}, {DType::bf16, 4}}) {
     std::vector<float> first;
     for (std::int64_t page_size : {0, 16, 256})

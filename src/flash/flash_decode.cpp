@@ -379,8 +379,9 @@ Workspace::Workspace(const std::vector<Plan>& plans) {
 
 }  // namespace decode_task
 
-std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t tasks, int threads) {
-  const std::int64_t state = M * Hp * 6 + M * 12;  // q (bf16), O, m, l, corr
+std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t q_bytes,
+                                std::int64_t tasks, int threads) {
+  const std::int64_t state = M * Hp * (q_bytes + 4) + M * 12;  // q, O, m, l, corr
   const std::int64_t fit = kHeadStateBytes / std::max<std::int64_t>(state, 1);
   const std::int64_t spread = tasks / (kGroupsPerThread * std::max(threads, 1));
   return std::max<std::int64_t>(1, std::min({heads, fit, spread}));
@@ -452,7 +453,9 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
   for (std::size_t j = 0; j < plans.size(); ++j) {
     Plan& plan = plans[j];
     const std::vector<FlashTask>& tasks = plan.work.tasks;
-    plan.heads = decode_group_heads(plan.heads, plan.M, plan.Hp, ntasks, ps[0]->threads);
+    // Q's rows as the workspace holds them: the tiles' operands on packed blocks, else bf16 (run_tasks).
+    const std::int64_t q_bytes = plan.packed ? plan.tiles->operand_bytes : 2;
+    plan.heads = decode_group_heads(plan.heads, plan.M, plan.Hp, q_bytes, ntasks, ps[0]->threads);
     if (plan.heads == 1) {  // a task a group, in the plan's order
       for (std::size_t t = 0; t < tasks.size(); ++t) groups.push_back({j, grouped.size() + t, 1});
       grouped.insert(grouped.end(), tasks.begin(), tasks.end());

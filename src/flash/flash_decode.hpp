@@ -56,12 +56,13 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
 
 // Head groups (paged caches; flash_decode.cpp): a thread runs the tasks of one sequence's split for up
 // to this many of its kv heads together, block by block. At most `heads` (the sequence's K), as many as
-// keep their state (M rows of Hp columns each) within kHeadStateBytes, and few enough that `tasks`
-// (the call's) leave each of `threads` kGroupsPerThread groups; at least 1. Which tasks share a group
-// changes no bits, so this may depend on the threads.
+// keep their state (M rows of Hp columns each: O in fp32, Q in q_bytes a value) within kHeadStateBytes,
+// and few enough that `tasks` (the call's) leave each of `threads` kGroupsPerThread groups; at least 1.
+// Which tasks share a group changes no bits, so this may depend on the threads.
 constexpr std::int64_t kHeadStateBytes = 512 * 1024;
 constexpr std::int64_t kGroupsPerThread = 4;
-std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t tasks, int threads);
+std::int64_t decode_group_heads(std::int64_t heads, std::int64_t M, std::int64_t Hp, std::int64_t q_bytes,
+                                std::int64_t tasks, int threads);
 // The number of KV splits per (b, kv head) the decode plan uses (1 = none). For tests.
 int flash_decode_kv_splits(const Problem& p, const FlashKernels& k);
 
