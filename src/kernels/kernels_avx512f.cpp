@@ -98,8 +98,33 @@ void pack_q_row(void* dst, const PackSource& s) {
   });
 }
 
+// bf16 K rows' 16 keys x 32 h at h0 into the panel (h0's row of it at panel + h0 kPanelKeys): the 16
+// rows' words (h pairs) transposed as 32-bit lanes, then each word split into its two bf16 as fp32
+// (even h: the low half shifted up; odd h: the high half masked): half the shuffles of widening first
+// (T = 16 decode packs every block's K: docs/performance.md, session 43). False, nothing written,
+// where a value is a NaN: the caller's general loop then quiets it as load16_operand_as does.
+inline bool pack_k_bf16_words(float* panel, const void* const rows[16], std::int64_t H, std::int64_t h0) {
+  const __mmask32 m = first_lanes32(H - h0);
+  __m512i r[16];
+  __mmask32 nan = 0;
+  for (int i = 0; i < 16; ++i) {
+    r[i] = rows[i] != nullptr ? _mm512_maskz_loadu_epi16(m, static_cast<const std::uint16_t*>(rows[i]) + h0)
+                              : _mm512_setzero_si512();
+    nan |= _mm512_cmpgt_epu16_mask(_mm512_and_si512(r[i], _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(0x7f80));
+  }
+  if (nan != 0) return false;
+  transpose16x16_epi32(r);  // r[i]: h0 + 2i (low half) and h0 + 2i + 1 (high half) of the 16 keys
+  for (int i = 0; i < 16; ++i) {
+    _mm512_store_si512(panel + (h0 + 2 * i) * kPanelKeys, _mm512_slli_epi32(r[i], 16));
+    _mm512_store_si512(panel + (h0 + 2 * i + 1) * kPanelKeys,
+                       _mm512_and_si512(r[i], _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  return true;
+}
+
 // K panels [Hp][32]: per 16 keys and 16 h, load the 16 rows and transpose (each dtype's loop compiled
-// on its own: the decode path's packed blocks pack every block's K for few rows).
+// on its own: the decode path's packed blocks pack every block's K for few rows); bf16 rows 32 h at a
+// time as words (pack_k_bf16_words), the same values.
 void pack_k(void* dst, const PackSource& s) {
   with_operand_dtype(s.dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
@@ -110,6 +135,11 @@ void pack_k(void* dst, const PackSource& s) {
       const void* rows[16];
       for (int i = 0; i < 16; ++i) rows[i] = j0 + i < s.n ? key_row(s, j0 + i) : nullptr;
       for (std::int64_t h0 = 0; h0 < s.Hp; h0 += 16) {
+        if constexpr (D == DType::bf16)
+          if (h0 % 32 == 0 && pack_k_bf16_words(panel, rows, s.H, h0)) {
+            h0 += 16;
+            continue;
+          }
         __m512i r[16];
         for (int i = 0; i < 16; ++i)
           r[i] = rows[i] != nullptr ? _mm512_castps_si512(load16_operand_as<D>(rows[i], s.H, s.round_bf16, h0))

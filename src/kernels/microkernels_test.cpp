@@ -284,6 +284,40 @@ TEST(Microkernels, TilesTouchOnlyTheirRowsAndKeys) {
   }
 }
 
+// Packing bf16 rows gives the bits of packing f32 rows that hold the same values, quiet NaNs with a
+// payload included: pack_k and pack_v of every set, H short of a multiple of 32 and not, keys short
+// of a panel, rows ld apart (odd strides). (The avx512f set packs bf16 K as words, transposed before
+// they are widened, and takes its general loop for 32 h that hold a NaN. Signaling NaNs are left
+// out: the avx512bf16 set keeps bf16 words as they are, and quiets f32 NaNs as it rounds them.)
+TEST(Microkernels, PackingBf16RowsGivesTheBitsOfTheirValues) {
+  std::mt19937 rng(31);
+  for (const KernelCase& kc : supported_cases()) {
+    const FlashKernels& k = *kc.kern;
+    const std::int64_t ob = k.operand_bytes;
+    for (std::int64_t H : {17, 40, 64, 128, 288})
+      for (std::int64_t n : {1, 15, 16, 33, 77})
+        for (bool nans : {false, true}) {
+          const std::int64_t Hp = round_up(H, kHTile), npad = round_up(n, kPanelKeys);
+          Rows b(DType::bf16, n, H, rng), f(DType::f32, n, H, rng);
+          if (nans) {  // quiet NaNs, one with a payload, in some rows
+            b.bits[static_cast<std::size_t>((n / 2) * b.ld + H / 3)] = 0x7fc0;
+            b.bits[static_cast<std::size_t>((n - 1) * b.ld + H - 1)] = 0xffc5;
+          }
+          for (std::size_t i = 0; i < b.bits.size(); ++i) f.f32[i] = bf16_bits_to_float(b.bits[i]);
+          for (const bool is_k : {true, false}) {
+            const std::size_t bytes = static_cast<std::size_t>(npad * Hp * ob);
+            AlignedBuffer from_b(bytes), from_f(bytes);
+            std::memset(from_b.data(), 0x5a, bytes);
+            std::memset(from_f.data(), 0x5a, bytes);
+            (is_k ? k.pack_k : k.pack_v)(from_b.data(), b.source(Hp, kc.precision));
+            (is_k ? k.pack_k : k.pack_v)(from_f.data(), f.source(Hp, kc.precision));
+            ASSERT_EQ(std::memcmp(from_b.data(), from_f.data(), bytes), 0)
+                << name(kc) << (is_k ? " pack_k" : " pack_v") << " H " << H << " n " << n << " NaNs " << nans;
+          }
+        }
+  }
+}
+
 TEST(Microkernels, PackingRoundsLikeTheReference) {
   // Values that round differently under truncation, ties to even, subnormals, NaN: the packed K
   // operand (through qk with a one-hot Q) must equal round_to_bf16 of the input exactly.
