@@ -1,8 +1,8 @@
 // Every kernel set this machine supports against a scalar model of the contract in microkernels.hpp:
 // packing + qk_tile, packing + pv_tile; pv_tile_rows against packing + pv_tile, bit for bit; the tiles
-// touching only their rows and keys; packing's rounding. Partial row tiles, H not a multiple of 32,
-// keys not a multiple of 32, all input dtypes. (The softmax and the elementwise kernels:
-// softmax_kernels_test.cpp.)
+// touching only their rows and keys; packing's rounding, and bf16 rows packed as the f32 rows holding
+// their values. Partial row tiles, H not a multiple of 32, keys not a multiple of 32, all input
+// dtypes. (The softmax and the elementwise kernels: softmax_kernels_test.cpp.)
 #include "kernels/microkernels.hpp"
 
 #include <gtest/gtest.h>
