@@ -279,14 +279,13 @@ struct TaskGroup {
 
 void run_tasks(const Problem& p, const Plan& plan, const FlashTask* tasks, std::int64_t count, Workspace& w,
                SplitPartials& parts) {
-  const FlashKernels& kern = *plan.kern;
   const FlashTask& task = tasks[0];  // b, q block and keys: the group's
   const std::int64_t M = plan.work.rows(p, task.qb), Hp = plan.Hp, bkv = plan.work.bkv;
   const RowOrder rows = plan.work.row_order(p, task.qb);
   auto* lo = w.lo.as<std::int32_t>();
   auto* hi = w.hi.as<std::int32_t>();
   // Q's rows as the kernels that take them want them: the tiles' operands (packed blocks), else bf16.
-  const FlashKernels& q_set = plan.packed ? *plan.tiles : kern;
+  const FlashKernels& q_set = q_row_set(plan);
   const std::int64_t q_bytes = Hp * q_set.operand_bytes;
   for (std::int64_t i = 0; i < count; ++i) {
     char* q = w.q.as<char>() + i * w.M * q_bytes;
@@ -342,7 +341,7 @@ Workspace::Workspace(const std::vector<Plan>& plans) {
   std::int64_t R = 0, Hp = 0, heads = 1, gather_bytes = 0, gather_keys = 0, k_bf16_bytes = 0, v_bf16_bytes = 0;
   std::int64_t panel_keys = 0, v_panel_keys = 0, ob = 2;  // ob: the most bytes of a Q or P operand
   for (const Plan& plan : plans) {
-    if (plan.packed) ob = std::max<std::int64_t>(ob, plan.tiles->operand_bytes);
+    ob = std::max<std::int64_t>(ob, q_row_set(plan).operand_bytes);
     if (plan.packed) panel_keys = std::max(panel_keys, padded_keys(plan.work.bkv));
     if (plan.packed && !plan.v_in_place) v_panel_keys = std::max(v_panel_keys, padded_keys(plan.work.bkv));
     M = std::max(M, plan.M), R = std::max(R, plan.R), Hp = std::max(Hp, plan.Hp);
@@ -453,9 +452,9 @@ void flash_attention_decode(const std::vector<const Problem*>& problems, const F
   for (std::size_t j = 0; j < plans.size(); ++j) {
     Plan& plan = plans[j];
     const std::vector<FlashTask>& tasks = plan.work.tasks;
-    // Q's rows as the workspace holds them: the tiles' operands on packed blocks, else bf16 (run_tasks).
-    const std::int64_t q_bytes = plan.packed ? plan.tiles->operand_bytes : 2;
-    plan.heads = decode_group_heads(plan.heads, plan.M, plan.Hp, q_bytes, ntasks, ps[0]->threads);
+    // Q's rows as the workspace holds them (run_tasks).
+    plan.heads = decode_group_heads(plan.heads, plan.M, plan.Hp, q_row_set(plan).operand_bytes, ntasks,
+                                    ps[0]->threads);
     if (plan.heads == 1) {  // a task a group, in the plan's order
       for (std::size_t t = 0; t < tasks.size(); ++t) groups.push_back({j, grouped.size() + t, 1});
       grouped.insert(grouped.end(), tasks.begin(), tasks.end());

@@ -33,6 +33,11 @@ struct Plan {
   TaskPlan work;  // one q block of all T positions per (b, kv head) (per sequence when packed)
 };
 
+// The set whose pack_q_row writes a task's Q rows into the workspace, and whose operands P is held
+// in: the tiles' on packed blocks, else the decode set's own (bf16: flash_decode.cpp takes only sets
+// of 2-byte operands for decode).
+inline const FlashKernels& q_row_set(const Plan& plan) { return plan.packed ? *plan.tiles : *plan.kern; }
+
 // A thread's scratch, sized for the largest of the plans a call runs (one, or one per sequence of a
 // KV-cache call); flash_decode.cpp.
 struct Workspace {
