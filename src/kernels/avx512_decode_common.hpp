@@ -50,10 +50,6 @@ inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype
 
 static_assert(kQkGroup == kDecodePieceKeys, "a QK group's rows lie in one piece (decode_pieces.hpp)");
 
-// The two halves of 16 bf16 pairs as fp32: the odd elements (the high half of each word) and the even
-// ones (the low half).
-inline __m512 odd_half(__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }
-inline __m512 even_half(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
 
 // 32 int8 values row[h0 .. h0+32) (lanes at or beyond H zero; kFull: all 32 are there) as fp32, each
 // times `scale`: lo holds h0..h0+15, hi the rest.

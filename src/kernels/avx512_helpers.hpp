@@ -50,6 +50,11 @@ inline __m512 load16_f32(const void* row, DType dtype, std::int64_t h0, std::int
   return _mm512_setzero_ps();
 }
 
+// The two halves of 16 bf16 pairs as fp32: the odd elements (the high half of each word) and the even
+// ones (the low half).
+inline __m512 odd_half(__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int(0xffff0000u)))); }
+inline __m512 even_half(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+
 // x rounded to nearest even bf16, as 32-bit lanes whose high half holds the bf16 bits (low half 0);
 // NaN becomes a quiet NaN. Identical to float_to_bf16_bits in core/dtype.hpp, subnormals included.
 inline __m512i round_bf16_hi(__m512 x) {

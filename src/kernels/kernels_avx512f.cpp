@@ -100,10 +100,9 @@ void pack_q_row(void* dst, const PackSource& s) {
 
 // bf16 K rows' 16 keys x 32 h at h0 into the panel (h0's row of it at panel + h0 kPanelKeys): the 16
 // rows' words (h pairs) transposed as 32-bit lanes, then each word split into its two bf16 as fp32
-// (even h: the low half shifted up; odd h: the high half masked): half the shuffles of widening first
-// (T = 16 decode packs every block's K: 1.03x faster in L2, docs/performance.md, session 43). False,
-// nothing written, where a value is a NaN: the caller's general loop then quiets it as
-// load16_operand_as does.
+// (even_half, odd_half): half the shuffles of widening first (T = 16 decode packs every block's K:
+// 1.03x faster in L2, docs/performance.md, session 43). False, nothing written, where a value is a
+// NaN: the caller's general loop then quiets it as load16_operand_as does.
 inline bool pack_k_bf16_words(float* panel, const void* const rows[16], std::int64_t H, std::int64_t h0) {
   const __mmask32 m = first_lanes32(H - h0);
   __m512i r[16];
@@ -116,9 +115,8 @@ inline bool pack_k_bf16_words(float* panel, const void* const rows[16], std::int
   if (nan != 0) return false;
   transpose16x16_epi32(r);  // r[i]: h0 + 2i (low half) and h0 + 2i + 1 (high half) of the 16 keys
   for (int i = 0; i < 16; ++i) {
-    _mm512_store_si512(panel + (h0 + 2 * i) * kPanelKeys, _mm512_slli_epi32(r[i], 16));
-    _mm512_store_si512(panel + (h0 + 2 * i + 1) * kPanelKeys,
-                       _mm512_and_si512(r[i], _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+    _mm512_store_ps(panel + (h0 + 2 * i) * kPanelKeys, even_half(r[i]));
+    _mm512_store_ps(panel + (h0 + 2 * i + 1) * kPanelKeys, odd_half(r[i]));
   }
   return true;
 }
