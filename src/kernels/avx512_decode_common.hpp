@@ -250,12 +250,19 @@ inline __m512i load_row32(const char* row, DType dtype, std::int64_t h0, std::in
 
 // The rows the fast paths read (H = 32 HC, whole chunks): bf16 rows as they are, or int8 rows with
 // their keys' scales. chunk(j, c) is chunk c (32 operands) of key j; at(j) the rows from key j on.
+// chunk, called per key and chunk in the kernels' loops, is always inlined, as the P.V weights' at()
+// is (avx512_decode_pv.hpp): GCC's inliner weighs each file's growth, and had outlined PFloats::at in
+// the avx512f set, a call per row and key pair returning two vectors through memory (T = 2 and 8 1.3x
+// slower in L2), and did so in the avx512bf16 set when more row counts used the same pass
+// (docs/performance.md, session 44).
 struct Bf16Rows {
   const char* base;
   std::int64_t ld_bytes;
   Bf16Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes}; }
   Bf16Rows at(std::int64_t, const char* row) const { return {row, ld_bytes}; }  // key j's row at `row` (a piece's)
-  __m512i chunk(std::int64_t j, int c) const { return _mm512_loadu_si512(base + j * ld_bytes + 64 * c); }
+  inline __attribute__((always_inline)) __m512i chunk(std::int64_t j, int c) const {
+    return _mm512_loadu_si512(base + j * ld_bytes + 64 * c);
+  }
 };
 
 // Bf16Rows whose chunk(j, c) also prefetches the line `ahead` bytes on into L2. For rows laid out in
@@ -268,7 +275,7 @@ struct Bf16RowsAhead {
   std::int64_t ld_bytes;
   std::int64_t ahead = kDecodeAheadBytes;
   Bf16RowsAhead at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, ahead}; }
-  __m512i chunk(std::int64_t j, int c) const {
+  inline __attribute__((always_inline)) __m512i chunk(std::int64_t j, int c) const {
     const char* line = base + j * ld_bytes + 64 * c;
     prefetch_l2(line + ahead);
     return _mm512_loadu_si512(line);
@@ -305,7 +312,7 @@ struct Int8Rows {
   std::int64_t ld_scale;
   Int8Rows at(std::int64_t j) const { return {base + j * ld_bytes, ld_bytes, scale + j * ld_scale, ld_scale}; }
   Int8Rows at(std::int64_t j, const char* row) const { return {row, ld_bytes, scale + j * ld_scale, ld_scale}; }
-  __m512i chunk(std::int64_t j, int c) const {
+  inline __attribute__((always_inline)) __m512i chunk(std::int64_t j, int c) const {
     return Mac::template i8_chunk<true>(base + j * ld_bytes, 32 * c, 0, _mm512_set1_ps(scale[j * ld_scale]));
   }
 };
@@ -316,7 +323,7 @@ template <typename Mac>
 struct Int8RowsAhead : Int8Rows<Mac> {
   Int8RowsAhead at(std::int64_t j) const { return {Int8Rows<Mac>::at(j)}; }
   Int8RowsAhead at(std::int64_t j, const char* row) const { return {Int8Rows<Mac>::at(j, row)}; }
-  __m512i chunk(std::int64_t j, int c) const {
+  inline __attribute__((always_inline)) __m512i chunk(std::int64_t j, int c) const {
     const char* chunk0 = this->base + j * this->ld_bytes + 32 * c;
     if (c % 2 == 0) prefetch_l2(chunk0 + kDecodeInt8AheadKeys * this->ld_bytes);
     return Int8Rows<Mac>::chunk(j, c);

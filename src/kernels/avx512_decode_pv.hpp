@@ -7,10 +7,11 @@
 //     columns then its odd ones for the call (split_o, join_o). The fast path (bf16 or int8 rows,
 //     H = 64, 96, 128, 256, groups of up to 8 KiB of bf16 V, int8 rows scaled as they are loaded)
 //     reads whole rows, in one pass when the rows' accumulators fit (R <= 8 / (H / 32), rounded down)
-//     or two at H <= 128 when half the rows' do (bf16 rows only: a second pass would convert int8 rows
-//     again), else goes 64 columns per pass (32 when R > 4 or at H = 96), converting each int8 chunk
-//     once; the generic path goes 64 or 32 columns per pass over groups of 32 keys. Both accumulate
-//     each O element's keys in the same order (per pair the odd key, then the even one): the same bits.
+//     or two at H <= 128 when half the rows' do (DotBf16's bf16 rows only: a second pass would convert
+//     int8 rows, or split FmaPairs' bf16 rows, again), else goes 64 columns per pass (32 when R > 4 or
+//     at H = 96), converting each int8 chunk once; the generic path goes 64 or 32 columns per pass over
+//     groups of 32 keys. Both accumulate each O element's keys in the same order (per pair the odd key,
+//     then the even one): the same bits.
 #pragma once
 
 #include <type_traits>
@@ -29,7 +30,9 @@ template <typename Mac>
 struct PWords {
   const word_t* p;
   std::int64_t ldp_words;
-  typename Mac::Weights at(int r, std::int64_t j) const { return Mac::weights(p[r * ldp_words + j / 2]); }
+  inline __attribute__((always_inline)) typename Mac::Weights at(int r, std::int64_t j) const {
+    return Mac::weights(p[r * ldp_words + j / 2]);
+  }
   PWords from_row(int r) const { return {p + r * ldp_words, ldp_words}; }
 };
 
@@ -41,7 +44,7 @@ template <typename Mac>
 struct PFloats {
   const float* w;
   std::int64_t ld, j_base;
-  typename Mac::Weights at(int r, std::int64_t j) const {
+  inline __attribute__((always_inline)) typename Mac::Weights at(int r, std::int64_t j) const {
     const std::int64_t i = (j - j_base) / 2, at = r * ld + (i / 16) * 32 + i % 16;
     return {_mm512_set1_ps(w[at]), _mm512_set1_ps(w[at + 16])};
   }
@@ -163,17 +166,18 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
 // present, then the generic path for the rest. Where the accumulators of RP = 8 / HC rows over whole
 // rows fit 16 registers and R <= RP, or R <= 2 RP at H <= 128 (G = 1..4 at H = 128) for bf16 rows, the
 // group goes in one or two passes over whole V rows, each read in address order (two passes only at
-// H <= 128, where they pay: docs/performance.md, decode J; int8 rows pay the conversion per pass, and
-// went 1.15x faster in column passes: session 11); otherwise the columns go in passes of 64 (32 when
-// R > 4 or HC is odd) over the group, the later passes from L1. Same sums in the same order as the
-// generic path, so the same bits.
+// H <= 128, where they pay: docs/performance.md, decode J). Two passes form each chunk's operands twice:
+// int8 rows, converted per pass, went 1.15x faster in column passes (session 11), and so did FmaPairs'
+// bf16 rows, split into fp32 by two vector operations per chunk (4 rows at H = 128: 40 operations a key
+// on the FMA ports instead of 48, T = 1 1.07x faster in L2, session 44): those take two passes never.
+// Otherwise the columns go in passes of 64 (32 when R > 4 or HC is odd) over the group, the later
+// passes from L1. Same sums in the same order as the generic path, so the same bits.
 template <typename Mac, int R, int HC, typename Rows>
 void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   constexpr int kRowsPerPass = 8 / HC;
-  // Two passes over whole rows convert each int8 chunk twice: int8 rows take them only when one pass
-  // holds every row.
+  // int8 rows and FmaPairs' split bf16 rows: whole rows only when one pass holds every row.
   constexpr bool kInt8 = !std::is_same_v<Rows, Bf16Rows>;
-  constexpr bool kWholeRows = R <= kRowsPerPass || (!kInt8 && R <= 2 * kRowsPerPass && HC <= 4);
+  constexpr bool kWholeRows = R <= kRowsPerPass || (!kInt8 && !Mac::kSplitO && R <= 2 * kRowsPerPass && HC <= 4);
   constexpr int kWide = R <= 4 && HC % 2 == 0 ? 2 : 1;  // 32-column chunks per column pass
   // Keys per group: kPvFastGroupBytes of V, whole pieces (32 keys at H = 96 and 128).
   constexpr std::int64_t kGroup = kPvFastGroupBytes / (64 * HC) / kDecodePieceKeys * kDecodePieceKeys;
