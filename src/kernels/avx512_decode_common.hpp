@@ -94,7 +94,8 @@ struct DotBf16 {
     acc1 = _mm512_dpbf16_ps(acc1, x, w.hi);
   }
   template <bool kFull>
-  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+  static inline __attribute__((always_inline)) __m512i i8_chunk(const char* row, std::int64_t h0,
+                                                                std::int64_t H, __m512 scale) {
     __m512 lo, hi;
     load32_i8_scaled<kFull>(row, h0, H, scale, lo, hi);
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo
@@ -149,7 +150,8 @@ struct FmaPairs {
     odd_cols = _mm512_fmadd_ps(x.even, w.a_odd, _mm512_fmadd_ps(x.odd, w.b_odd, odd_cols));
   }
   template <bool kFull>
-  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+  static inline __attribute__((always_inline)) __m512i i8_chunk(const char* row, std::int64_t h0,
+                                                                std::int64_t H, __m512 scale) {
     __m512 lo, hi;
     load32_i8_scaled<kFull>(row, h0, H, scale, lo, hi);
     return round2_bf16(lo, hi);
@@ -162,7 +164,8 @@ struct FmaPairs {
 template <bool kSplitQ>
 struct FmaPairsCvt : FmaPairs<kSplitQ> {
   template <bool kFull>
-  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512 scale) {
+  static inline __attribute__((always_inline)) __m512i i8_chunk(const char* row, std::int64_t h0,
+                                                                std::int64_t H, __m512 scale) {
     return DotBf16::i8_chunk<kFull>(row, h0, H, scale);
   }
 };
@@ -183,7 +186,8 @@ struct DotI16 {
     return _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(acc), _mm512_load_si512(q), k));
   }
   template <bool kFull>
-  static __m512i i8_chunk(const char* row, std::int64_t h0, std::int64_t H, __m512) {
+  static inline __attribute__((always_inline)) __m512i i8_chunk(const char* row, std::int64_t h0,
+                                                                std::int64_t H, __m512) {
     if constexpr (kFull) return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + h0)));
     return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(first_lanes32(H - h0), row + h0));
   }

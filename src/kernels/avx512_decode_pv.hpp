@@ -136,7 +136,7 @@ void pv_rows(const DecodePv& t, std::int64_t j_begin) {
   for (std::int64_t j0 = j_begin; j0 < t.nkeys; j0 += kPvGroup) {
     const std::int64_t j1 = j0 + kPvGroup < t.nkeys ? j0 + kPvGroup : t.nkeys;
     std::int64_t h0 = 0;
-    const auto load = [&](std::int64_t j, int c) {
+    const auto load = [&](std::int64_t j, int c) __attribute__((always_inline)) {
       const float* vs = t.v_scale != nullptr ? t.v_scale + j * t.ld_scale : nullptr;
       return j < t.n ? load_row32<Mac, kPlain>(rows.row(j), t.v_dtype, h0 + 32 * c, t.H, vs)
                      : _mm512_setzero_si512();
@@ -154,7 +154,7 @@ inline __attribute__((always_inline)) void pv_row_passes(float* o, std::int64_t 
                                                         std::int64_t j0, std::int64_t j1, const Rows& v0,
                                                         std::int64_t ahead) {
   constexpr int kRows = R < RP ? R : RP;
-  pv_pass<Mac, kRows, HC>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) {
+  pv_pass<Mac, kRows, HC>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) __attribute__((always_inline)) {
     if constexpr (kAhead) return Bf16RowsAhead{v0.base, v0.ld_bytes, ahead}.chunk(j, c);
     else return v0.chunk(j, c);
   });
@@ -197,7 +197,7 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
     } else {
       std::int64_t c0 = 0;
       if constexpr (kAhead) {
-        pv_pass<Mac, R, kWide>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) {
+        pv_pass<Mac, R, kWide>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) __attribute__((always_inline)) {
           const char* line = rows.base + j * rows.ld_bytes + 64 * c + ahead;
 #pragma GCC unroll 8
           for (int l = 0; l < HC; l += kWide) prefetch_l2(line + 64 * l);
@@ -207,8 +207,9 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
       }
 #pragma GCC unroll 8
       for (; c0 < HC; c0 += kWide)
-        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1,
-                               [&](std::int64_t j, int c) { return rows.chunk(j, c0 + c); });
+        pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1, [&](std::int64_t j, int c) __attribute__((always_inline)) {
+          return rows.chunk(j, c0 + c);
+        });
     }
   };
   // Mac::kSplitWeights (FmaPairs): each group's weights split into fp32 once, for all its passes.
