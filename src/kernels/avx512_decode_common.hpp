@@ -254,11 +254,14 @@ inline __m512i load_row32(const char* row, DType dtype, std::int64_t h0, std::in
 
 // The rows the fast paths read (H = 32 HC, whole chunks): bf16 rows as they are, or int8 rows with
 // their keys' scales. chunk(j, c) is chunk c (32 operands) of key j; at(j) the rows from key j on.
-// chunk, called per key and chunk in the kernels' loops, is always inlined, as the P.V weights' at()
-// is (avx512_decode_pv.hpp): GCC's inliner weighs each file's growth, and had outlined PFloats::at in
-// the avx512f set, a call per row and key pair returning two vectors through memory (T = 2 and 8 1.3x
-// slower in L2), and did so in the avx512bf16 set when more row counts used the same pass
-// (docs/performance.md, session 44).
+// chunk, called per key and chunk in the kernels' loops, is always inlined, as are the int8 chunk
+// converters, the P.V weights' at() and P.V's loader lambdas (avx512_decode_pv.hpp): GCC's inliner
+// weighs each unit's growth, and had outlined PFloats::at in the avx512f set, a call per row and key
+// pair returning two vectors through memory, and did the same in the avx512bf16 set once more row
+// counts used that pass. On an Emerald Rapids all of it together: the avx512f set's T = 2 and 8 1.3x,
+// the fma set's T = 2 1.04x faster in L2 (docs/performance.md, session 44). A forced inline also
+// moves GCC's other choices (an avx2 prefetch lambda forced inline made that set's decode 1.4x
+// slower, not kept), so the DotBf16 and DotI16 code (AMD) shifted too, unmeasured there.
 struct Bf16Rows {
   const char* base;
   std::int64_t ld_bytes;
