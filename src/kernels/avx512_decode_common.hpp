@@ -50,7 +50,6 @@ inline std::int64_t elem_bytes(DType d) { return static_cast<std::int64_t>(dtype
 
 static_assert(kQkGroup == kDecodePieceKeys, "a QK group's rows lie in one piece (decode_pieces.hpp)");
 
-
 // 32 int8 values row[h0 .. h0+32) (lanes at or beyond H zero; kFull: all 32 are there) as fp32, each
 // times `scale`: lo holds h0..h0+15, hi the rest.
 template <bool kFull>
