@@ -13,8 +13,8 @@
 // software prefetch (docs/performance.md, decode I), except where they cannot follow: into the next
 // piece of rows in pieces (decode_pieces.hpp) and int8 P.V's passes (avx512_decode_pv.hpp), and on
 // Intel cores (FmaPairs, kPrefetchRows), where a stream with work beside its loads reads at the rate
-// the core's own misses allow: there Q.K and P.V's first pass prefetch each line of bf16 K and V they
-// load, kDecodeAheadBytes on or from a piece further on (docs/performance.md, session 41).
+// the core's own misses allow: there Q.K and P.V prefetch each line of bf16 K and V as they first load
+// it, kDecodeAheadBytes on or from a piece further on (docs/performance.md, sessions 41 and 45).
 //
 // The multiply-add of a bf16 pair is a policy (Mac below): `vdpbf16ps` (DotBf16), or two fp32 FMAs,
 // the odd element's product first, then the even one's (FmaPairs). A bf16 times a bf16 is exact in
@@ -41,7 +41,7 @@ namespace decode_avx512 {
 constexpr int kQkGroup = 16;  // keys per transpose-add
 constexpr int kPvGroup = 32;  // keys per pass over the columns (8 KiB of bf16 V at H = 128: L1)
 constexpr int kPvFastGroupBytes = 8192;  // of V per group on the fast path (32 keys at H = 128)
-// How far ahead Q.K and P.V's first pass prefetch bf16 rows into L2, line by line, where the policy
+// How far ahead Q.K and P.V prefetch bf16 rows into L2, line by line, where the policy
 // asks for it (Mac::kPrefetchRows): 32 keys at H = 128 (in pieces, whole pieces on: piece_rows_ahead).
 constexpr std::int64_t kDecodeAheadBytes = 8192;
 using word_t = std::uint32_t __attribute__((may_alias));
@@ -124,7 +124,7 @@ struct FmaPairs {
   // as loaded; the accumulators hold each 32-column chunk of O as its 16 even columns, then its 16 odd
   // ones (split_o / join_o around the passes).
   static constexpr bool kSplitO = true;
-  // Q.K and P.V's first pass prefetch each line of bf16 K and V they load ~kDecodeAheadBytes on, into
+  // Q.K and P.V prefetch each line of bf16 K and V they first load ~kDecodeAheadBytes on, into
   // L2 (Bf16RowsAhead): the FmaPairs sets run on Intel cores (avx512bf16 where vdpbf16ps is half rate,
   // avx512f), where the stream otherwise waits on the kernels' own misses (on an Emerald Rapids without
   // AMX, T = 1: 8 sequences 1.2x faster dense, 1.1-1.2x at page 16, one of 32768 keys 1.3x;

@@ -187,28 +187,21 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   const std::int64_t ldo = t.ldo, ldp_words = t.ldp / 2;
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   // Keys [j0, j1) of rows, their weights from ws (PWords or PFloats, which count keys as rows does).
-  // kAhead: bf16 rows whose first pass prefetches each line it loads `ahead` bytes on (Mac::
-  // kPrefetchRows, Bf16RowsAhead); a column pass, which loads kWide of each row's HC lines, also the
-  // row's others.
+  // kAhead: bf16 rows whose passes prefetch each line they load `ahead` bytes on (Mac::kPrefetchRows,
+  // Bf16RowsAhead): a column pass, which loads kWide of each row's HC lines, those lines' (one
+  // prefetch a load in every pass; the first pass taking all of a row's lines issued them at HC / kWide
+  // the rate of its loads: on Emerald Rapids T = 1 1.05x, T = 2 1.1x faster from DRAM,
+  // docs/performance.md, session 45).
   const auto group = [&]<bool kAhead>(const auto& ws, const Rows& rows, std::int64_t j0, std::int64_t j1,
                                       std::int64_t ahead) {
     if constexpr (kWholeRows) {
       pv_row_passes<Mac, R, kRowsPerPass, HC, kAhead>(o, ldo, ws, j0, j1, rows, ahead);
     } else {
-      std::int64_t c0 = 0;
-      if constexpr (kAhead) {
-        pv_pass<Mac, R, kWide>(o, ldo, ws, j0, j1, [&](std::int64_t j, int c) __attribute__((always_inline)) {
-          const char* line = rows.base + j * rows.ld_bytes + 64 * c + ahead;
 #pragma GCC unroll 8
-          for (int l = 0; l < HC; l += kWide) prefetch_l2(line + 64 * l);
-          return rows.chunk(j, c);
-        });
-        c0 = kWide;
-      }
-#pragma GCC unroll 8
-      for (; c0 < HC; c0 += kWide)
+      for (std::int64_t c0 = 0; c0 < HC; c0 += kWide)
         pv_pass<Mac, R, kWide>(o + 32 * c0, ldo, ws, j0, j1, [&](std::int64_t j, int c) __attribute__((always_inline)) {
-          return rows.chunk(j, c0 + c);
+          if constexpr (kAhead) return Bf16RowsAhead{rows.base, rows.ld_bytes, ahead}.chunk(j, c0 + c);
+          else return rows.chunk(j, c0 + c);
         });
     }
   };
@@ -348,13 +341,21 @@ inline void i16_slice(const DecodePv& t, int r0, std::int64_t j0, I16Slice& sl) 
 
 // One group's sums into O's rows [r0, r0 + RB) at columns [h0, h0 + 32 NC) (in L1); kFull: 16 keys,
 // and all 32 NC columns are below H (whole chunks: plain loads, no masks).
-// kAhead: with each key pair's first chunk, every line of the two rows kDecodeInt8AheadKeys keys on
-// into L2 (dense rows; decode_pv_rows_i8<true>).
+// kAhead: with each key pair's first chunk, the lines of the group's columns of the two rows
+// kDecodeInt8AheadKeys keys on into L2 (decode_pv_rows_i8<true>; in pieces, the rows of the piece
+// that holds those keys).
 template <int RB, int NC, bool kFull, bool kAhead = false>
 inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I16Slice& sl, int r0, int g,
                                                     std::int64_t jg, std::int64_t h0) {
   // The group's 16 keys lie in one piece (jg is a multiple of 16).
-  const char* v0 = KeyRows{static_cast<const char*>(t.v), t.v_pieces, t.ldv}.row(jg) + h0;
+  const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
+  const char* v0 = rows.row(jg) + h0;
+  // kAhead: the same columns of the rows kDecodeInt8AheadKeys keys on (in pieces: of the piece that
+  // holds them, none past the call's keys).
+  const char* ahead = !kAhead                                            ? nullptr
+                      : t.v_pieces == nullptr                            ? v0 + kDecodeInt8AheadKeys * t.ldv
+                      : jg + kDecodeInt8AheadKeys < t.n ? rows.row(jg + kDecodeInt8AheadKeys) + h0
+                                                                         : nullptr;
   const int read = kFull ? kI16Group : sl.keys[g];
   const __m512i from0 = from_unpacked_columns(0), from1 = from_unpacked_columns(1);
   __m512i acc[RB][2 * NC];
@@ -377,8 +378,9 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
     for (int c = 0; c < NC; ++c) {
       // The two keys' int16 values as pairs, in the column order of to_unpacked_columns
       // (avx512_helpers.hpp).
-      if constexpr (kAhead)
-        if (c == 0) prefetch_rows_l2(v0 - h0 + (j + kDecodeInt8AheadKeys) * t.ldv, t.ldv, t.H, 2);
+      if constexpr (kAhead)  // this pass's columns of the two rows kDecodeInt8AheadKeys keys on
+        if (c == 0 && ahead != nullptr)
+          prefetch_rows_l2(ahead + j * t.ldv, t.ldv, t.H - h0 < 32 * NC ? t.H - h0 : 32 * NC, 2);
       const __m512i a = row(j, c), b = row(j + 1, c);
       const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
 #pragma GCC unroll 4
@@ -420,14 +422,16 @@ static_assert(kI16Slice == kDecodeInt8AheadKeys);
 // read each row's lines out of address order, and from DRAM this path took 3x its in-cache time per
 // key (with it, dense int8 decode 1.21x and page 256 1.16x faster on Sapphire Rapids,
 // docs/performance.md, session 19; on Zen 4, 8 sequences at T = 1, 1.12x, session 32).
-// kSpread (the fma set, Intel cores): on dense rows the first block of rows prefetches each key pair's
-// rows kDecodeInt8AheadKeys keys on in its first pass instead (i16_group's kAhead; with Q.K's rows the
-// same way, DotI16Ahead, int8 decode on Emerald Rapids 1.1x faster, session 41).
+// kSpread (the fma set, Intel cores): the first block of rows prefetches each key pair's rows
+// kDecodeInt8AheadKeys keys on instead, in every pass the columns that pass reads (i16_group's kAhead;
+// with Q.K's rows the same way, DotI16Ahead, int8 decode on Emerald Rapids 1.1x faster, session 41;
+// in every pass rather than all columns in the first, and in pieces too, not the slice's burst: dense
+// 1.1x, page 16 1.14x faster from DRAM, session 45).
 template <int RB, bool kSpread>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;
   const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
-  const bool spread = kSpread && r0 == 0 && t.v_pieces == nullptr;
+  const bool spread = kSpread && r0 == 0;
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kI16Slice) {
     if (!spread && r0 == 0 && j0 + 2 * kI16Slice <= t.n)
       for (int j = 0; j < kI16Slice; ++j)
@@ -438,11 +442,12 @@ void pv_block_i16(const DecodePv& t, int r0) {
         const std::int64_t jg = j0 + g * kI16Group;
         const bool full = sl.keys[g] == kI16Group && t.H - h0 >= (t.Hp - h0 >= 64 ? 64 : 32);
         if (t.Hp - h0 >= 64) {
-          if (full && spread && h0 == 0) i16_group<RB, 2, true, true>(t, sl, r0, g, jg, h0);
+          if (full && spread) i16_group<RB, 2, true, true>(t, sl, r0, g, jg, h0);
           else if (full) i16_group<RB, 2, true>(t, sl, r0, g, jg, h0);
           else i16_group<RB, 2, false>(t, sl, r0, g, jg, h0);
         } else {
-          if (full) i16_group<RB, 1, true>(t, sl, r0, g, jg, h0);
+          if (full && spread) i16_group<RB, 1, true, true>(t, sl, r0, g, jg, h0);
+          else if (full) i16_group<RB, 1, true>(t, sl, r0, g, jg, h0);
           else i16_group<RB, 1, false>(t, sl, r0, g, jg, h0);
         }
       }
