@@ -188,10 +188,10 @@ void pv_rows_fast(const DecodePv& t, const Rows& v0) {
   const std::int64_t full = (t.nkeys < t.n ? t.nkeys : t.n) / kGroup * kGroup;
   // Keys [j0, j1) of rows, their weights from ws (PWords or PFloats, which count keys as rows does).
   // kAhead: bf16 rows whose passes prefetch each line they load `ahead` bytes on (Mac::kPrefetchRows,
-  // Bf16RowsAhead): a column pass, which loads kWide of each row's HC lines, those lines' (one
-  // prefetch a load in every pass; the first pass taking all of a row's lines issued them at HC / kWide
-  // the rate of its loads: on Emerald Rapids T = 1 1.05x, T = 2 1.1x faster from DRAM,
-  // docs/performance.md, session 45).
+  // Bf16RowsAhead). A column pass loads kWide of each row's HC lines and prefetches those: one
+  // prefetch per load in every pass (the first pass prefetching all of a row's lines, HC / kWide per
+  // load, was slower: on Emerald Rapids T = 1 1.05x, T = 2 1.1x from DRAM, docs/performance.md,
+  // session 45).
   const auto group = [&]<bool kAhead>(const auto& ws, const Rows& rows, std::int64_t j0, std::int64_t j1,
                                       std::int64_t ahead) {
     if constexpr (kWholeRows) {
@@ -352,10 +352,11 @@ inline __attribute__((always_inline)) void i16_group(const DecodePv& t, const I1
   const char* v0 = rows.row(jg) + h0;
   // kAhead: the same columns of the rows kDecodeInt8AheadKeys keys on (in pieces: of the piece that
   // holds them, none past the call's keys).
-  const char* ahead = !kAhead                                            ? nullptr
-                      : t.v_pieces == nullptr                            ? v0 + kDecodeInt8AheadKeys * t.ldv
-                      : jg + kDecodeInt8AheadKeys < t.n ? rows.row(jg + kDecodeInt8AheadKeys) + h0
-                                                                         : nullptr;
+  const char* ahead = nullptr;
+  if constexpr (kAhead) {
+    if (t.v_pieces == nullptr) ahead = v0 + kDecodeInt8AheadKeys * t.ldv;
+    else if (jg + kDecodeInt8AheadKeys < t.n) ahead = rows.row(jg + kDecodeInt8AheadKeys) + h0;
+  }
   const int read = kFull ? kI16Group : sl.keys[g];
   const __m512i from0 = from_unpacked_columns(0), from1 = from_unpacked_columns(1);
   __m512i acc[RB][2 * NC];
