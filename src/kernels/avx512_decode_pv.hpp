@@ -427,7 +427,7 @@ static_assert(kI16Slice == kDecodeInt8AheadKeys);
 // kDecodeInt8AheadKeys keys on instead, in every pass the columns that pass reads (i16_group's kAhead;
 // with Q.K's rows the same way, DotI16Ahead, int8 decode on Emerald Rapids 1.1x faster, session 41;
 // in every pass rather than all columns in the first, and in pieces too, not the slice's burst: dense
-// 1.1x, page 16 1.14x faster from DRAM, session 45).
+// 1.03-1.1x, page 16 1.14x faster from DRAM, session 45).
 template <int RB, bool kSpread>
 void pv_block_i16(const DecodePv& t, int r0) {
   I16Slice sl;
