@@ -434,9 +434,10 @@ void pv_block_i16(const DecodePv& t, int r0) {
   const KeyRows rows{static_cast<const char*>(t.v), t.v_pieces, t.ldv};
   const bool spread = kSpread && r0 == 0;
   for (std::int64_t j0 = 0; j0 < t.nkeys; j0 += kI16Slice) {
-    if (!spread && r0 == 0 && j0 + 2 * kI16Slice <= t.n)
-      for (int j = 0; j < kI16Slice; ++j)
-        for (std::int64_t b = 0; b < t.H; b += 64) _mm_prefetch(rows.row(j0 + kI16Slice + j) + b, _MM_HINT_T1);
+    if constexpr (!kSpread)  // the next slice's rows as it starts (kSpread: i16_group's kAhead instead)
+      if (r0 == 0 && j0 + 2 * kI16Slice <= t.n)
+        for (int j = 0; j < kI16Slice; ++j)
+          for (std::int64_t b = 0; b < t.H; b += 64) _mm_prefetch(rows.row(j0 + kI16Slice + j) + b, _MM_HINT_T1);
     i16_slice<RB>(t, r0, j0, sl);
     for (std::int64_t h0 = 0; h0 < t.Hp; h0 += 64)
       for (int g = 0; g < 2 && sl.keys[g] > 0; ++g) {
